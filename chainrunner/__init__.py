@@ -1,0 +1,25 @@
+"""chainrunner: many MCMC chains across JAX devices, in one call."""
+
+__version__ = "0.1.0"
+
+from ._chain_map import chain_map as chain_map
+from ._kernel import Kernel as Kernel
+from ._kernel import from_blackjax as from_blackjax
+from ._mesh import chain_mesh as chain_mesh
+from ._mesh import request_cpu_devices as request_cpu_devices
+from ._run import run as run
+from ._run import sample as sample
+from ._trace import Trace as Trace
+from .adapters import from_numpyro as from_numpyro
+
+__all__ = [
+    "Kernel",
+    "Trace",
+    "chain_map",
+    "chain_mesh",
+    "from_blackjax",
+    "from_numpyro",
+    "request_cpu_devices",
+    "run",
+    "sample",
+]

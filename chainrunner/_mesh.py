@@ -1,0 +1,243 @@
+"""The device mesh, chain layout, padding and placement.
+
+This is the only module that touches ``Mesh``, ``PartitionSpec`` and ``shard_map``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXIS = "chain"
+"""The name of the mesh axis that chains are spread over."""
+
+
+def chain_mesh(
+    num_devices: int | None = None, *, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+    """Builds a one-dimensional device mesh whose only axis is named ``'chain'``.
+
+    Chains are spread over this axis: each device holds a contiguous block of chains.
+
+    Args:
+        num_devices: use the first ``num_devices`` devices of ``jax.devices()``.
+            ``None`` (and no ``devices``) means all of them.
+        devices: an explicit list of devices; exclusive with ``num_devices``.
+
+    Returns:
+        A ``jax.sharding.Mesh`` with axis names ``('chain',)``.
+
+    Raises:
+        ValueError: for a device count below 1 or above the number of devices, or
+            both arguments given.
+
+    Example:
+        >>> import chainrunner as cr
+        >>> mesh = cr.chain_mesh(num_devices=1)
+        >>> mesh.axis_names
+        ('chain',)
+    """
+    if devices is not None and num_devices is not None:
+        raise ValueError(
+            "chain_mesh: give num_devices or devices, not both "
+            f"(got num_devices={num_devices!r} and {len(devices)} devices)."
+        )
+    if devices is None:
+        available = jax.devices()
+        if num_devices is None:
+            devices = available
+        else:
+            _check_int("num_devices", num_devices, minimum=1, where="chain_mesh")
+            if num_devices > len(available):
+                raise ValueError(
+                    f"chain_mesh: num_devices={num_devices} but only {len(available)} "
+                    f"{available[0].platform} device(s) are available. On CPU, ask for "
+                    "more with cr.request_cpu_devices(n) before any JAX work."
+                )
+            devices = available[:num_devices]
+    else:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("chain_mesh: devices is empty; expected at least one device.")
+    return Mesh(np.asarray(devices, dtype=object), (AXIS,))
+
+
+def request_cpu_devices(n: int) -> None:
+    """Asks JAX for ``n`` simulated CPU devices; call before any JAX computation.
+
+    This sets the ``jax_num_cpu_devices`` option. chainrunner never does so on import:
+    it is the application's decision. Once JAX's backends are up the number of
+    devices can no longer change, and this raises instead of silently doing nothing.
+
+    Args:
+        n: the number of CPU devices wanted (at least 1).
+
+    Raises:
+        RuntimeError: if JAX's backends are already initialised with another count.
+
+    Example:
+        >>> import chainrunner as cr
+        >>> import jax
+        >>> cr.request_cpu_devices(len(jax.devices("cpu")))  # already up: same count is fine
+    """
+    _check_int("n", n, minimum=1, where="request_cpu_devices")
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        have = len(jax.devices("cpu"))
+        if have == n:
+            return
+        raise RuntimeError(
+            f"request_cpu_devices({n}): JAX's backends are already initialised with {have} "
+            "CPU device(s). Call it right after `import jax`, before any array is created "
+            "(or set JAX_NUM_CPU_DEVICES in the environment)."
+        )
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def check_mesh(mesh: Any, where: str) -> Mesh:
+    """Returns ``mesh`` if it has a ``'chain'`` axis, else raises a clear error."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{where}: mesh must be a jax.sharding.Mesh (e.g. cr.chain_mesh()), "
+            f"got {type(mesh).__name__}."
+        )
+    if AXIS not in mesh.axis_names:
+        raise ValueError(
+            f"{where}: mesh has axes {mesh.axis_names}; expected an axis named {AXIS!r} "
+            "(build one with cr.chain_mesh())."
+        )
+    return mesh
+
+
+def _check_int(name: str, value: Any, *, minimum: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How ``num_chains`` chains sit on a mesh.
+
+    Attributes:
+        num_chains: chains the user asked for.
+        num_devices: devices along the ``'chain'`` axis.
+        per_device: chains held by each device (after padding).
+        batch_size: chains advanced together inside a device (``None``: all of them).
+    """
+
+    num_chains: int
+    num_devices: int
+    per_device: int
+    batch_size: int | None
+
+    @property
+    def padded(self) -> int:
+        """Total chains after padding (a multiple of the device count)."""
+        return self.num_devices * self.per_device
+
+    def describe(self) -> str:
+        b = "all" if self.batch_size is None else self.batch_size
+        return (
+            f"{self.num_chains} chains on {self.num_devices} device(s), "
+            f"{self.per_device} per device, batch_size={b}"
+            + (f" ({self.padded - self.num_chains} padded)" if self.padded > self.num_chains else "")
+        )
+
+
+def make_layout(num_chains: int, mesh: Mesh, batch_size: int | None) -> Layout:
+    """Pads ``num_chains`` to ``devices * ceil(ceil(n / devices) / b) * b``.
+
+    ``b`` is capped at the chains per device, so a large ``batch_size`` never adds
+    padded chains.
+    """
+    d = mesh.shape[AXIS]
+    local = math.ceil(num_chains / d)
+    if batch_size is None or batch_size >= local:
+        b = None if batch_size is None else local
+        per_device = local
+    else:
+        b = batch_size
+        per_device = math.ceil(local / b) * b
+    return Layout(num_chains, d, per_device, b)
+
+
+def pad(tree: Any, n: int, padded: int) -> Any:
+    """Pads every leaf's leading axis from ``n`` to ``padded`` by repeating the last row."""
+    if padded == n:
+        return tree
+
+    def _pad(x):
+        x = jnp.asarray(x)
+        extra = jnp.broadcast_to(x[-1:], (padded - n, *x.shape[1:]))
+        return jnp.concatenate([x, extra], axis=0)
+
+    return jax.tree.map(_pad, tree)
+
+
+def place(tree: Any, mesh: Mesh) -> Any:
+    """Places every leaf with ``NamedSharding(mesh, P('chain'))``."""
+    sharding = NamedSharding(mesh, P(AXIS))
+    return jax.device_put(tree, sharding)
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Places every leaf replicated over the mesh (``P()``)."""
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def unpad(tree: Any, n: int, padded: int, mesh: Mesh) -> Any:
+    """Slices every leaf's leading axis back to ``n``, on the devices.
+
+    When ``n`` is a multiple of the device count the result keeps
+    ``NamedSharding(mesh, P('chain'))``; otherwise no such sharding exists (JAX
+    needs even blocks) and the result is replicated over the mesh.
+    """
+    if padded == n:
+        return tree
+    d = mesh.shape[AXIS]
+    spec = P(AXIS) if n % d == 0 else P()
+    return _slicer(n, NamedSharding(mesh, spec))(tree)
+
+
+@functools.lru_cache(maxsize=64)
+def _slicer(n: int, sharding: NamedSharding) -> Callable:
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x[:n], tree), out_shardings=sharding)
+
+
+def local_map(fn: Callable, batch_size: int | None) -> Callable:
+    """Maps ``fn`` over the chains held by one device.
+
+    ``batch_size=None`` is one ``vmap`` over all local chains; otherwise ``lax.map``
+    with that batch size (a sequential loop over vmapped batches).
+    """
+    if batch_size is None:
+        return jax.vmap(fn)
+    return lambda xs: jax.lax.map(fn, xs, batch_size=batch_size)
+
+
+def shard_chains(fn: Callable, mesh: Mesh, num_chained: int, num_replicated: int = 0) -> Callable:
+    """``jit(shard_map(fn))``: the first ``num_chained`` args split over ``'chain'``.
+
+    The remaining ``num_replicated`` args are replicated. Every output is split over
+    ``'chain'``: ``out_specs=P('chain')`` always (``P()`` with ``check_vma=False``
+    would silently return device 0's block only).
+    """
+    in_specs = (P(AXIS),) * num_chained + (P(),) * num_replicated
+    # check_vma=False: blackjax and numpyro NUTS fail shard_map's varying-axes check
+    # (their U-turn buffers and while-loop carries start from replicated constants).
+    return jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS), check_vma=False)
+    )

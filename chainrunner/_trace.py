@@ -1,0 +1,90 @@
+"""``Trace``: what a run returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trace:
+    """The result of ``cr.run``: draws and stats on the host, the final state on device.
+
+    Attributes:
+        draws: pytree of numpy arrays, leaves ``(chain, draw, *event)``.
+        stats: dict of numpy ``(chain, draw)`` arrays in ArviZ names (``diverging``,
+            ``lp``, ``acceptance_rate``, ``energy``, ``n_steps``, ``tree_depth``,
+            ``step_size``: those the kernel provides).
+        final_state: the kernel state after the last step, leading chain axis, still
+            sharded over the mesh. Pass the trace back to ``cr.run`` to continue.
+        num_steps: kernel steps taken per chain so far (warmup included); a
+            continued run numbers its steps from here.
+        warmup_draws: like ``draws`` for the warmup phase (``keep_warmup=True``), else ``None``.
+        warmup_stats: like ``stats`` for the warmup phase, else ``None``.
+        attrs: run metadata: versions, layout, seed, compile and sampling times.
+        groups: further ArviZ groups, ``{group: {name: array}}`` (e.g. ``observed_data``,
+            ``log_likelihood``), as adapters provide them.
+
+    Example:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
+        >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 2)), 50, progress=False)
+        >>> trace.draws.shape, trace.stats["diverging"].shape, trace.num_steps
+        ((4, 50, 2), (4, 50), 50)
+    """
+
+    draws: Any
+    stats: dict[str, np.ndarray]
+    final_state: Any
+    num_steps: int = 0
+    warmup_draws: Any = None
+    warmup_stats: dict[str, np.ndarray] | None = None
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    groups: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_chains(self) -> int:
+        """Number of chains."""
+        import jax
+
+        return int(np.shape(jax.tree.leaves(self.draws)[0])[0])
+
+    @property
+    def num_draws(self) -> int:
+        """Number of (post-warmup) draws per chain."""
+        import jax
+
+        return int(np.shape(jax.tree.leaves(self.draws)[0])[1])
+
+    def to_arviz(self, coords: dict | None = None, dims: dict | None = None) -> Any:
+        """Converts to ArviZ data.
+
+        With arviz < 1 this is an ``az.InferenceData``; with arviz >= 1 an
+        ``xarray.DataTree``. Groups: ``posterior`` (the draws), ``sample_stats``,
+        ``warmup_posterior``/``warmup_sample_stats`` when warmup was kept, and the
+        trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...). ``attrs`` of every group hold
+        the run metadata.
+
+        Args:
+            coords: ArviZ coordinates, e.g. ``{"school": names}``.
+            dims: ArviZ dimensions per variable, e.g. ``{"theta": ["school"]}``.
+
+        Returns:
+            ``az.InferenceData`` (arviz < 1) or ``xarray.DataTree`` (arviz >= 1).
+
+        Example:
+            >>> import blackjax, jax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x["a"] ** 2), 0.8, jnp.ones(3))
+            >>> trace = cr.run(nuts, jax.random.key(0), {"a": jnp.zeros((2, 3))}, 20,
+            ...                progress=False)
+            >>> data = trace.to_arviz(dims={"a": ["dim"]}, coords={"dim": ["x", "y", "z"]})
+            >>> list(data.posterior.data_vars)
+            ['a']
+        """
+        from ._arviz import to_arviz
+
+        return to_arviz(self, coords=coords, dims=dims)

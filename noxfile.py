@@ -1,0 +1,51 @@
+"""Sessions: tests (3.11 with arviz 0.x, 3.12 with arviz 1.x), lint, demo, bench."""
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.default_venv_backend = "venv"
+# Under CI=true a missing interpreter fails the run instead of being skipped.
+nox.options.error_on_missing_interpreters = os.environ.get("CI") == "true"
+
+
+@nox.session(python=["3.11", "3.12"])
+def tests(session: nox.Session) -> None:
+    """The test suite, with doctests of the package (8 simulated CPU devices)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-c", "import arviz; print('arviz', arviz.__version__)")
+    session.run(
+        "pytest",
+        "tests",
+        "chainrunner",
+        "--doctest-modules",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"JAX_NUM_CPU_DEVICES": "8"},
+    )
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff format --check and ruff check."""
+    session.install("ruff")
+    session.run("ruff", "format", "--check", ".")
+    session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """Samples the built-in eight-schools model on 8 simulated CPU devices."""
+    session.install("-e", ".")
+    session.run("python", "-m", "chainrunner", *session.posargs)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Runs the benchmark scripts in benchmarks/ (JSON and a table on stdout)."""
+    session.install("-e", ".")
+    for script in sorted(os.listdir("benchmarks")):
+        if script.startswith("bench_") and script.endswith(".py"):
+            session.run("python", os.path.join("benchmarks", script), *session.posargs)
