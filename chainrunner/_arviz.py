@@ -65,7 +65,11 @@ def to_arviz(trace: Trace, coords: dict | None = None, dims: dict | None = None)
     attrs = _attrs(trace)
     save_warmup = trace.warmup_draws is not None
     if arviz_major() >= 1:
-        return az.from_dict(
-            groups, coords=coords, dims=dims, attrs=attrs, save_warmup=save_warmup
-        )
-    return az.from_dict(**groups, coords=coords, dims=dims, attrs=attrs, save_warmup=save_warmup)
+        data = az.from_dict(groups, coords=coords, dims=dims, save_warmup=save_warmup)
+        nodes = [data[name] for name in data.children]
+    else:
+        data = az.from_dict(**groups, coords=coords, dims=dims, save_warmup=save_warmup)
+        nodes = [getattr(data, name) for name in data.groups()]
+    for node in nodes:  # the run's metadata on every group, as ArviZ's own converters do
+        node.attrs.update(attrs)
+    return data

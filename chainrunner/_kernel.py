@@ -38,7 +38,9 @@ def default_extract(state: Any, info: Any) -> tuple[Any, dict[str, jax.Array]]:
     ``lp`` is ``state.logdensity`` when the state has it.
     """
     stats = {}
-    fields = info._asdict() if hasattr(info, "_asdict") else (info if isinstance(info, Mapping) else {})
+    fields = (
+        info._asdict() if hasattr(info, "_asdict") else (info if isinstance(info, Mapping) else {})
+    )
     for field, value in fields.items():
         name = STAT_NAMES.get(field)
         if name is not None and name not in stats and jnp.ndim(value) == 0:

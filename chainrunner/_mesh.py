@@ -153,20 +153,24 @@ class Layout:
         return (
             f"{self.num_chains} chains on {self.num_devices} device(s), "
             f"{self.per_device} per device, batch_size={b}"
-            + (f" ({self.padded - self.num_chains} padded)" if self.padded > self.num_chains else "")
+            + (
+                f" ({self.padded - self.num_chains} padded)"
+                if self.padded > self.num_chains
+                else ""
+            )
         )
 
 
 def make_layout(num_chains: int, mesh: Mesh, batch_size: int | None) -> Layout:
     """Pads ``num_chains`` to ``devices * ceil(ceil(n / devices) / b) * b``.
 
-    ``b`` is capped at the chains per device, so a large ``batch_size`` never adds
-    padded chains.
+    A ``batch_size`` of at least the chains per device is one ``vmap`` over them
+    (``batch_size=None``), so a large ``batch_size`` never adds padded chains.
     """
     d = mesh.shape[AXIS]
     local = math.ceil(num_chains / d)
     if batch_size is None or batch_size >= local:
-        b = None if batch_size is None else local
+        b = None  # one batch holding every local chain is a plain vmap
         per_device = local
     else:
         b = batch_size

@@ -18,7 +18,7 @@ from ._chain_map import check_batch_size, leading_size
 from ._kernel import Kernel
 from ._trace import Trace
 
-DEFAULT_CHUNK_SIZE = 1000
+DEFAULT_CHUNK_SIZE = 250
 """Draws per compiled call when ``chunk_size=None`` (fewer if the run is shorter)."""
 
 _CACHE_MAX = 32
@@ -73,7 +73,8 @@ def _check_key(rng_key: Any) -> jax.Array:
         return jax.random.wrap_key_data(jnp.asarray(rng_key))
     raise TypeError(
         "run: rng_key must be a JAX PRNG key (jax.random.key(seed)), got "
-        f"{type(rng_key).__name__}" + (f" of dtype {dtype} and shape {np.shape(rng_key)}" if dtype else "")
+        f"{type(rng_key).__name__}"
+        + (f" of dtype {dtype} and shape {np.shape(rng_key)}" if dtype else "")
         + "."
     )
 
@@ -84,9 +85,7 @@ def _check_progress(progress: Any) -> None:
 
 
 _derive = jax.jit(
-    jax.vmap(
-        lambda key, i: tuple(jax.random.split(jax.random.fold_in(key, i))), in_axes=(None, 0)
-    )
+    jax.vmap(lambda key, i: tuple(jax.random.split(jax.random.fold_in(key, i))), in_axes=(None, 0))
 )
 
 
@@ -213,7 +212,8 @@ def run(
             ``min(num_chains, len(jax.devices()))`` devices.
         batch_size: chains advanced together on one device (``lax.map``); ``None``:
             all of a device's chains in one ``vmap``.
-        chunk_size: draws per compiled call (default ``min(total draws, 1000)``).
+        chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
+            how often the progress bar moves.
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
 
@@ -223,8 +223,8 @@ def run(
 
     Raises:
         TypeError, ValueError: for bad arguments, before any compilation.
-        FloatingPointError: if some chains start at a non-finite log density (their
-            indices are listed).
+        ValueError: also if some chains start at a non-finite log density (their
+            indices are listed), before the sampling loop is compiled.
 
     Example:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -277,16 +277,13 @@ def run(
                     "(a pytree whose leaves have a leading chain axis)."
                 )
             if num_chains is None:
-                raise ValueError(
-                    "run: num_chains is required when initial_position is None."
-                )
+                raise ValueError("run: num_chains is required when initial_position is None.")
             n = num_chains
         else:
             n = leading_size(position, "initial_position", where)
     if num_chains is not None and num_chains != n:
         raise ValueError(
-            f"run: num_chains={num_chains} but initial_position has {n} chains "
-            "(leading axis)."
+            f"run: num_chains={num_chains} but initial_position has {n} chains (leading axis)."
         )
     if mesh is None:
         mesh = _mesh.chain_mesh(min(n, len(jax.devices())))
@@ -303,7 +300,7 @@ def run(
     init_key, step_key = chain_keys(rng_key, n)
     step_key = _mesh.place(_mesh.pad(step_key, n, layout.padded), mesh)
     if previous is None:
-        args = (_mesh.place(_mesh.pad((position, init_key), n, layout.padded), mesh))
+        args = _mesh.place(_mesh.pad((position, init_key), n, layout.padded), mesh)
         args = (*args, params)
         init, dt = _compiled(("init", *fn_key), lambda: _init_program(kernel, mesh, b), args)
         compile_time += dt
@@ -312,8 +309,8 @@ def run(
             lp = np.asarray(lp)[:n]
             bad = np.flatnonzero(~np.isfinite(lp))
             if bad.size:
-                raise FloatingPointError(
-                    f"run: the log density is not finite at the initial position of "
+                raise ValueError(
+                    f"run: initial_position: the log density is not finite at the start of "
                     f"chain(s) {bad.tolist()} (values {lp[bad].tolist()[:8]}). Start those "
                     "chains inside the support of the target."
                 )
@@ -335,7 +332,9 @@ def run(
 
     keep = _Sink(n, num_samples // thinning)
     keep_w = _Sink(n, warmup_draws) if keep_warmup and warmup_draws else None
-    bar = _progress_bar(progress, num_warmup + num_samples, "warmup" if warmup_draws else "sampling")
+    bar = _progress_bar(
+        progress, num_warmup + num_samples, "warmup" if warmup_draws else "sampling"
+    )
     divergences = 0
 
     def collect(pending):

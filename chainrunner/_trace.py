@@ -65,8 +65,8 @@ class Trace:
         With arviz < 1 this is an ``az.InferenceData``; with arviz >= 1 an
         ``xarray.DataTree``. Groups: ``posterior`` (the draws), ``sample_stats``,
         ``warmup_posterior``/``warmup_sample_stats`` when warmup was kept, and the
-        trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...). ``attrs`` of every group hold
-        the run metadata.
+        trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...).
+        ``attrs`` of every group hold the run metadata.
 
         Args:
             coords: ArviZ coordinates, e.g. ``{"school": names}``.

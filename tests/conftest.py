@@ -6,7 +6,6 @@ import jax
 
 # Before any JAX computation: the backend fixes its device count when it starts.
 jax.config.update("jax_num_cpu_devices", 8)
-os.environ.setdefault("TQDM_DISABLE", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

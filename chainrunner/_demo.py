@@ -1,0 +1,111 @@
+"""``python -m chainrunner``: eight schools with blackjax NUTS on simulated CPU devices."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+# Eight schools (Rubin 1981), as in posteriordb's `eight_schools` data.
+Y = (28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0)
+SIGMA = (15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0)
+SCHOOLS = ("A", "B", "C", "D", "E", "F", "G", "H")
+
+
+def eight_schools_logdensity(position):
+    """Non-centred eight schools on the unconstrained space (``log_tau`` for ``tau``).
+
+    ``mu ~ N(0, 5)``, ``tau ~ HalfCauchy(5)``, ``theta_trans ~ N(0, 1)``,
+    ``y ~ N(mu + tau * theta_trans, sigma)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from chainrunner._demo import eight_schools_logdensity
+        >>> p = {"mu": 0.0, "log_tau": 0.0, "theta_trans": jnp.zeros(8)}
+        >>> bool(jnp.isfinite(eight_schools_logdensity(p)))
+        True
+    """
+    import jax.numpy as jnp
+    from jax.scipy import stats
+
+    mu, log_tau, z = position["mu"], position["log_tau"], position["theta_trans"]
+    tau = jnp.exp(log_tau)
+    theta = mu + tau * z
+    return (
+        stats.norm.logpdf(mu, 0.0, 5.0)
+        + stats.cauchy.logpdf(tau, 0.0, 5.0)
+        + jnp.log(2.0)
+        + log_tau  # Jacobian of tau = exp(log_tau)
+        + jnp.sum(stats.norm.logpdf(z))
+        + jnp.sum(stats.norm.logpdf(jnp.asarray(Y), theta, jnp.asarray(SIGMA)))
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Runs the demo; see ``python -m chainrunner --help``.
+
+    Example:
+        >>> from chainrunner._demo import main
+        >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
+        ...       "--no-progress", "--quiet"])  # doctest: +ELLIPSIS
+        layout: 3 chains on 1 device(s), 3 per device, batch_size=all
+        ...
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m chainrunner",
+        description="Eight schools, blackjax NUTS, many chains over simulated CPU devices.",
+    )
+    parser.add_argument("--chains", type=int, default=32, help="number of chains (default 32)")
+    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="chains per vmap on a device (default: all)"
+    )
+    parser.add_argument("--samples", type=int, default=1000, help="draws per chain")
+    parser.add_argument("--warmup", type=int, default=500, help="burn-in steps per chain")
+    parser.add_argument("--step-size", type=float, default=0.4, help="NUTS step size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--quiet", action="store_true", help="print the layout line only")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    from . import _mesh
+
+    if jax.config.jax_platforms in (None, "", "cpu"):
+        from jax._src import xla_bridge
+
+        if not xla_bridge.backends_are_initialized():
+            _mesh.request_cpu_devices(args.devices)
+    import arviz as az
+    import blackjax
+    import jax.numpy as jnp
+
+    from ._run import run
+
+    num_devices = min(args.devices, len(jax.devices()), args.chains)
+    mesh = _mesh.chain_mesh(num_devices)
+    nuts = blackjax.nuts(eight_schools_logdensity, args.step_size, jnp.ones(10))
+    start_key, run_key = jax.random.split(jax.random.key(args.seed))
+    start = jax.random.normal(start_key, (args.chains, 10))
+    position = {"mu": start[:, 0], "log_tau": start[:, 1], "theta_trans": start[:, 2:]}
+    trace = run(
+        nuts,
+        run_key,
+        position,
+        args.samples,
+        num_warmup=args.warmup,
+        mesh=mesh,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    a = trace.attrs
+    print(f"layout: {a['layout']}")
+    if args.quiet:
+        return
+    print(
+        f"compile: {a['compile_time']:.2f} s   sampling: {a['sampling_time']:.2f} s   "
+        f"({args.chains * (args.warmup + args.samples) / a['sampling_time']:,.0f} steps/s)"
+    )
+    print(f"divergences: {int(trace.stats['diverging'].sum())}")
+    data = trace.to_arviz(coords={"school": list(SCHOOLS)}, dims={"theta_trans": ["school"]})
+    print(az.summary(data, var_names=["mu", "log_tau", "theta_trans"]).to_string())
