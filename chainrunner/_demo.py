@@ -46,9 +46,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     Example:
         >>> from chainrunner._demo import main
         >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
-        ...       "--no-progress", "--quiet"])  # doctest: +ELLIPSIS
+        ...       "--no-progress", "--quiet"])
         layout: 3 chains on 1 device(s), 3 per device, batch_size=all
-        ...
     """
     parser = argparse.ArgumentParser(
         prog="python -m chainrunner",
