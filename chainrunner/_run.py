@@ -313,6 +313,7 @@ def run(
                     f"run: initial_position: the log density is not finite at the start of "
                     f"chain(s) {bad.tolist()} (values {lp[bad].tolist()[:8]}). Start those "
                     "chains inside the support of the target."
+                    + (f" {hint}" if (hint := getattr(kernel, "init_error_hint", None)) else "")
                 )
     else:
         state = _mesh.place(_mesh.pad(state, n, layout.padded), mesh)
@@ -383,6 +384,10 @@ def run(
 
     draws, stats = finish(keep)
     w_draws, w_stats = finish(keep_w)
+    groups = kernel_groups(kernel)
+    log_likelihood = getattr(kernel, "log_likelihood_group", None)
+    if log_likelihood is not None:
+        groups["log_likelihood"] = log_likelihood(draws)
     attrs = {
         **_versions(),
         "num_chains": n,
@@ -408,7 +413,7 @@ def run(
         warmup_draws=w_draws,
         warmup_stats=w_stats,
         attrs=attrs,
-        groups=kernel_groups(kernel),
+        groups=groups,
     )
 
 

@@ -3,7 +3,13 @@
 from typing import Any
 
 
-def from_numpyro(kernel: Any, *, model_args: tuple = (), model_kwargs: dict | None = None) -> Any:
+def from_numpyro(
+    kernel: Any,
+    *,
+    model_args: tuple = (),
+    model_kwargs: dict | None = None,
+    log_likelihood: bool = False,
+) -> Any:
     """Wraps a numpyro ``MCMCKernel`` (or a model function: NUTS) for ``cr.run``.
 
     See ``chainrunner.adapters._numpyro.from_numpyro`` for the details.
@@ -17,4 +23,6 @@ def from_numpyro(kernel: Any, *, model_args: tuple = (), model_kwargs: dict | No
     """
     from ._numpyro import from_numpyro as impl
 
-    return impl(kernel, model_args=model_args, model_kwargs=model_kwargs)
+    return impl(
+        kernel, model_args=model_args, model_kwargs=model_kwargs, log_likelihood=log_likelihood
+    )

@@ -1,0 +1,498 @@
+"""numpyro kernels (NUTS, HMC, BarkerMH, SA, ...) as chainrunner kernels.
+
+numpyro's ``MCMCKernel`` objects are stateful: ``kernel.init`` builds the sampler's
+closures (potential function, warmup adapter for ``num_warmup`` steps) and
+``kernel.sample`` uses them. chainrunner traces ``init`` and ``step`` in two compiled
+programs, once per chain inside ``shard_map`` + ``vmap``, so this module:
+
+- keeps one private copy of the numpyro kernel per ``(kernel, num_warmup, structure of
+  the model arguments)``, so that runs with another ``num_warmup`` never share closures;
+- calls ``kernel.init`` once per chain inside the trace (this is what numpyro's own
+  ``chain_method='parallel'`` does), and again, for its side effects only, at the start of
+  every other trace that samples, so that the closures never hold values of a finished
+  trace (XLA drops the unused initialisation);
+- passes the model's array arguments as ``Kernel.params``: data enter the compiled
+  program as arguments, and new data of the same shapes reuse it;
+- replaces the numpyro state's ``rng_key`` by chainrunner's per-step key before each
+  ``kernel.sample``, so chain ``i``, step ``t`` sees the same random numbers whatever
+  the layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import types
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._kernel import Kernel
+
+try:
+    import numpyro
+    from numpyro import handlers
+    from numpyro.infer.initialization import init_to_uniform, init_to_value
+    from numpyro.infer.mcmc import MCMCKernel
+except ImportError as e:  # pragma: no cover - exercised only without numpyro
+    e.add_note("chainrunner's numpyro adapter needs numpyro: pip install 'chainrunner[numpyro]'.")
+    raise
+
+__all__ = ["NumpyroKernel", "from_numpyro"]
+
+# Closures that numpyro kernels build in ``init``; reset in the private copies.
+_CLOSURE_ATTRS = ("_init_fn", "_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_wa_update")
+
+_CACHE_MAX = 64
+# (id(numpyro kernel), structure of the model arguments, num_warmup) ->
+#     (numpyro kernel, static leaves, functions): keeps the functions (hence the compiled
+#     programs) the same for the same kernel, whatever the data values.
+_FUNCTIONS: OrderedDict[tuple, tuple[Any, Any, tuple]] = OrderedDict()
+# id(model function) -> (model, NUTS(model)): a bare model maps to one NUTS kernel.
+_BARE: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, jax.Array))
+
+
+def _split_args(model_args: tuple, model_kwargs: dict) -> tuple[list, Any, tuple, tuple]:
+    """Array leaves (traced params) vs the rest (static, closed over)."""
+    leaves, treedef = jax.tree.flatten((tuple(model_args), dict(model_kwargs)))
+    mask = tuple(_is_array(x) for x in leaves)
+    params = [jnp.asarray(x) for x, m in zip(leaves, mask, strict=True) if m]
+    statics = tuple(None if m else x for x, m in zip(leaves, mask, strict=True))
+    return params, treedef, mask, statics
+
+
+def _static_key(statics: tuple) -> Any:
+    try:
+        hash(statics)
+        return ("hash", statics)
+    except TypeError:
+        return ("id", tuple(id(x) for x in statics))
+
+
+def _merge(params: list, treedef: Any, mask: tuple, statics: tuple) -> tuple[tuple, dict]:
+    it = iter(params)
+    leaves = [next(it) if m else s for m, s in zip(mask, statics, strict=True)]
+    args, kwargs = jax.tree.unflatten(treedef, leaves)
+    return args, kwargs
+
+
+def _private_copy(kernel: Any) -> Any:
+    """A shallow copy of a numpyro kernel whose ``init`` builds its own closures."""
+    nk = copy.copy(kernel)
+    for attr in _CLOSURE_ATTRS:
+        if hasattr(nk, attr):
+            setattr(nk, attr, None)
+    if getattr(nk, "model", None) is not None and hasattr(nk, "_potential_fn"):
+        nk._potential_fn = None  # BarkerMH stores the model's potential here
+    return nk
+
+
+@contextlib.contextmanager
+def _init_strategy(nk: Any, strategy: Any) -> Iterator[None]:
+    old = nk._init_strategy
+    nk._init_strategy = strategy
+    try:
+        yield
+    finally:
+        nk._init_strategy = old
+
+
+def _model_trace(model: Any, args: tuple, kwargs: dict) -> Any:
+    # Latent values as numpyro's init_to_uniform: works for improper priors too.
+    model = handlers.substitute(handlers.seed(model, rng_seed=0), substitute_fn=init_to_uniform)
+    return handlers.trace(model).get_trace(*args, **kwargs)
+
+
+def _check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> None:
+    tr = _model_trace(model, args, kwargs)
+    latent = [
+        name for name, site in tr.items() if site["type"] == "sample" and not site["is_observed"]
+    ]
+    deterministic = {name for name, site in tr.items() if site["type"] == "deterministic"}
+    unknown = [k for k in position if k not in latent and k not in deterministic]
+    if unknown:
+        observed = [k for k in unknown if k in tr and tr[k]["type"] == "sample"]
+        detail = f" ({observed} observed)" if observed else ""
+        raise ValueError(
+            f"run: initial_position has site(s) {unknown}{detail} that are not latent sample "
+            f"sites of the model; its latent sites are {latent}."
+        )
+
+
+def _tree_depth(num_steps: jax.Array) -> jax.Array:
+    """``floor(log2(num_steps)) + 1`` (0 for 0 steps), as ArviZ derives it for NUTS."""
+    n = jnp.asarray(num_steps).astype(jnp.uint32)
+    return jnp.where(n > 0, 32 - jax.lax.clz(n), 0).astype(jnp.int32)
+
+
+def _stats(state: Any, algo: str | None) -> dict[str, jax.Array]:
+    stats = {}
+    fields = state._asdict() if hasattr(state, "_asdict") else {}
+    if "potential_energy" in fields and jnp.ndim(fields["potential_energy"]) == 0:
+        stats["lp"] = -fields["potential_energy"]
+    for field, name in (
+        ("diverging", "diverging"),
+        ("accept_prob", "acceptance_rate"),
+        ("num_steps", "n_steps"),
+        ("energy", "energy"),
+    ):
+        value = fields.get(field)
+        if value is not None and jnp.ndim(value) == 0:
+            stats[name] = value
+    if algo == "NUTS" and "num_steps" in fields:
+        stats["tree_depth"] = _tree_depth(fields["num_steps"])
+    step_size = getattr(fields.get("adapt_state"), "step_size", None)
+    if step_size is not None and jnp.ndim(step_size) == 0:
+        stats["step_size"] = step_size
+    return stats
+
+
+def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: int) -> tuple:
+    """``(init, step, extract, logdensity)`` for one numpyro kernel and ``num_warmup``."""
+    nk = _private_copy(kernel)
+    model = getattr(nk, "model", None)
+    algo = getattr(nk, "_algo", None)
+    field = getattr(nk, "sample_field", "z")
+    # The params leaves that nk's closures were last built with (compared by identity):
+    # a trace that samples with other params (another compiled program) re-initialises.
+    bound: list[Any] = [None]
+
+    def unpack(params):
+        return _merge(list(params), treedef, mask, statics)
+
+    def bind(params, z):
+        leaves = list(params)
+        last = bound[0]
+        if last is not None and len(last) == len(leaves) and all(map(_same, last, leaves)):
+            return
+        args, kwargs = unpack(params)
+        # Side effects only: rebuilds nk's closures in this trace; the result is unused.
+        nk.init(jax.random.key(0), num_warmup, None if model is not None else z, args, kwargs)
+        bound[0] = leaves
+
+    def init(position, rng_key, params):
+        args, kwargs = unpack(params)
+        if model is None:
+            if position is None:
+                raise ValueError(
+                    "run: this numpyro kernel has a potential_fn and no model; give "
+                    "initial_position (unconstrained values with a leading chain axis)."
+                )
+            state = nk.init(rng_key, num_warmup, position, args, kwargs)
+        elif position is None:
+            state = nk.init(rng_key, num_warmup, None, args, kwargs)
+        else:
+            if not isinstance(position, Mapping):
+                raise TypeError(
+                    "run: initial_position for a numpyro model must be a dict "
+                    "{site name: constrained values with a leading chain axis}, got "
+                    f"{type(position).__name__}."
+                )
+            _check_sites(model, position, args, kwargs)
+            with _init_strategy(nk, init_to_value(values=dict(position))):
+                state = nk.init(rng_key, num_warmup, None, args, kwargs)
+        bound[0] = list(params)
+        return state
+
+    def step(rng_key, state, params):
+        bind(params, getattr(state, field))
+        args, kwargs = unpack(params)
+        state = nk.sample(state._replace(rng_key=rng_key), args, kwargs)
+        return state, state
+
+    def extract(state, info, params):
+        bind(params, getattr(state, field))
+        args, kwargs = unpack(params)
+        z = getattr(state, field)
+        draw = nk.postprocess_fn(args, kwargs)(z) if model is not None else z
+        return draw, _stats(state, algo)
+
+    def logdensity(state, params):
+        pe = getattr(state, "potential_energy", None)
+        if pe is None or jnp.ndim(pe) != 0:
+            return None
+        lp = -pe
+        grad = getattr(state, "z_grad", None)
+        if grad is not None:
+            finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)]))
+            lp = jnp.where(finite, lp, jnp.nan)
+        return lp
+
+    return init, step, extract, logdensity
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b
+
+
+class _BoundKernel(Kernel):
+    """A ``Kernel`` that also offers the model's observed data as an ArviZ group."""
+
+    @property
+    def groups(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{"observed_data": {...}}`` from the wrapper's model arguments (if any)."""
+        wrapper = self.__dict__.get("wrapper")
+        observed = wrapper.observed_data() if wrapper is not None else {}
+        return {"observed_data": observed} if observed else {}
+
+    @property
+    def log_likelihood_group(self) -> Any:
+        """``draws -> {site: log likelihood}`` when asked for (``log_likelihood=True``)."""
+        wrapper = self.__dict__.get("wrapper")
+        if wrapper is None or not wrapper.want_log_likelihood:
+            return None
+        return wrapper.log_likelihood
+
+    @property
+    def init_error_hint(self) -> str:
+        """What to add when chains start at a non-finite log density (read by ``run``)."""
+        return (
+            "numpyro: Cannot find valid initial parameters (100 tries of the init strategy, "
+            "or the given initial values, give a non-finite potential energy or gradient). "
+            "Please check your model again."
+        )
+
+
+class NumpyroKernel:
+    """A numpyro ``MCMCKernel`` with its model arguments, as ``cr.run`` takes it.
+
+    Build it with ``cr.from_numpyro``. ``cr.run`` calls ``chainrunner_kernel`` with
+    its ``num_warmup``: numpyro's own adaptation (step size, mass matrix) then runs
+    during the first ``num_warmup`` steps of every chain.
+
+    Attributes:
+        kernel: the numpyro kernel (e.g. ``numpyro.infer.NUTS(model)``).
+        model_args: positional arguments of the model.
+        model_kwargs: keyword arguments of the model.
+
+    Example:
+        >>> import numpyro, numpyro.distributions as dist
+        >>> import chainrunner as cr
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal())
+        ...     numpyro.sample("y", dist.Normal(mu), obs=y)
+        >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model), model_args=(1.5,))
+        >>> wrapped.chainrunner_kernel(num_warmup=100).needs_position
+        False
+    """
+
+    def __init__(
+        self,
+        kernel: Any,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+        log_likelihood: bool = False,
+    ):
+        self.kernel = kernel
+        self.want_log_likelihood = bool(log_likelihood)
+        self.model_args = tuple(model_args)
+        self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        params, treedef, mask, statics = _split_args(self.model_args, self.model_kwargs)
+        self._params = tuple(params)
+        self._structure = (treedef, mask, statics)
+        self._observed: dict[str, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return f"NumpyroKernel({type(self.kernel).__name__}, {len(self.model_args)} model_args)"
+
+    def chainrunner_kernel(self, *, num_warmup: int) -> Kernel:
+        """The ``cr.Kernel`` that runs this kernel with ``num_warmup`` adaptation steps.
+
+        The kernel's functions are cached on (numpyro kernel, ``num_warmup``, the
+        structure and non-array values of the model arguments): data arrays of the same
+        shapes and dtypes reuse the compiled program.
+
+        Args:
+            num_warmup: the number of steps during which numpyro adapts.
+
+        Returns:
+            A ``cr.Kernel`` whose ``params`` are the array leaves of the model arguments.
+
+        Example:
+            >>> import numpyro, numpyro.distributions as dist
+            >>> import chainrunner as cr
+            >>> def model():
+            ...     numpyro.sample("x", dist.Normal())
+            >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model))
+            >>> k1 = wrapped.chainrunner_kernel(num_warmup=10)
+            >>> k1.functions == wrapped.chainrunner_kernel(num_warmup=10).functions
+            True
+        """
+        treedef, mask, statics = self._structure
+        key = (id(self.kernel), treedef, mask, _static_key(statics), int(num_warmup))
+        hit = _FUNCTIONS.get(key)
+        if hit is not None and hit[0] is self.kernel:
+            _FUNCTIONS.move_to_end(key)
+            functions = hit[2]
+        else:
+            functions = _build(self.kernel, treedef, mask, statics, int(num_warmup))
+            _FUNCTIONS[key] = (self.kernel, statics, functions)
+            while len(_FUNCTIONS) > _CACHE_MAX:
+                _FUNCTIONS.popitem(last=False)
+        init, step, extract, logdensity = functions
+        kernel = _BoundKernel(
+            init=init,
+            step=step,
+            extract=extract,
+            logdensity=logdensity,
+            params=self._params,
+            needs_position=getattr(self.kernel, "model", None) is None,
+        )
+        kernel.__dict__["wrapper"] = self
+        return kernel
+
+    def observed_data(self) -> dict[str, np.ndarray]:
+        """The observed sites of the model and their values (ArviZ ``observed_data``).
+
+        Returns:
+            ``{site name: numpy array}``; empty for a kernel built from a potential.
+
+        Example:
+            >>> import numpyro, numpyro.distributions as dist
+            >>> import chainrunner as cr
+            >>> def model(y):
+            ...     numpyro.sample("y", dist.Normal(numpyro.sample("mu", dist.Normal())), obs=y)
+            >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model), model_args=(2.0,))
+            >>> {k: float(v) for k, v in wrapped.observed_data().items()}
+            {'y': 2.0}
+        """
+        if self._observed is None:
+            model = getattr(self.kernel, "model", None)
+            if model is None:
+                self._observed = {}
+            else:
+                with jax.ensure_compile_time_eval():
+                    tr = _model_trace(model, self.model_args, self.model_kwargs)
+                self._observed = {
+                    name: np.asarray(site["value"])
+                    for name, site in tr.items()
+                    if site["type"] == "sample" and site["is_observed"]
+                }
+        return dict(self._observed)
+
+    def log_likelihood(self, draws: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Pointwise log likelihood of the observed sites at each draw (ArviZ ``log_likelihood``).
+
+        Args:
+            draws: ``trace.draws`` of a run of this kernel: ``{site: (chain, draw, ...)}``.
+
+        Returns:
+            ``{observed site: numpy array (chain, draw, *site shape)}``.
+
+        Example:
+            >>> import numpy as np, numpyro, numpyro.distributions as dist
+            >>> import chainrunner as cr
+            >>> def model(y):
+            ...     numpyro.sample("y", dist.Normal(numpyro.sample("mu", dist.Normal())), obs=y)
+            >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model), model_args=(np.zeros(3),))
+            >>> wrapped.log_likelihood({"mu": np.zeros((2, 5))})["y"].shape
+            (2, 5, 3)
+        """
+        model = getattr(self.kernel, "model", None)
+        if model is None:
+            raise ValueError("log_likelihood: this numpyro kernel has no model (potential_fn).")
+        out = numpyro.infer.util.log_likelihood(
+            model, dict(draws), *self.model_args, batch_ndims=2, **self.model_kwargs
+        )
+        return {k: np.asarray(v) for k, v in out.items()}
+
+
+def from_numpyro(
+    kernel: Any,
+    *,
+    model_args: tuple = (),
+    model_kwargs: dict | None = None,
+    log_likelihood: bool = False,
+) -> NumpyroKernel:
+    """Wraps a numpyro ``MCMCKernel`` (or a model function, run with NUTS) for ``cr.run``.
+
+    numpyro's adaptation (step size, mass matrix) runs during ``cr.run``'s
+    ``num_warmup`` steps. Chains start from numpyro's init strategy (``cr.run(...,
+    initial_position=None, num_chains=n)``) or from constrained values
+    ``{site: array with a leading chain axis}`` (sites left out start as
+    ``init_to_value`` does). Draws are in constrained space and include deterministic
+    sites; stats use ArviZ names (``lp`` = -potential energy, ``acceptance_rate``,
+    ``diverging``, ``n_steps``, ``tree_depth``, ``energy``, ``step_size``).
+
+    The array leaves of ``model_args``/``model_kwargs`` (numpy or JAX arrays) are
+    inputs of the compiled program: new data of the same shapes does not recompile.
+    Other leaves (Python numbers, strings, ``None``) are constants of the program:
+    pass sizes as Python ints.
+
+    Args:
+        kernel: a numpyro ``MCMCKernel`` (``NUTS``, ``HMC``, ``BarkerMH``, ``SA``, ...),
+            a model function (wrapped in ``NUTS``), or an existing ``NumpyroKernel``
+            (rebound to the new arguments, if any are given).
+        model_args: positional arguments of the model.
+        model_kwargs: keyword arguments of the model.
+        log_likelihood: also compute the pointwise log likelihood of the observed
+            sites at every draw (ArviZ's ``log_likelihood`` group, for LOO/WAIC).
+
+    Returns:
+        A ``NumpyroKernel``: pass it to ``cr.run`` / ``cr.sample``.
+
+    Raises:
+        TypeError: for anything else than the above, an ensemble kernel (AIES, ESS:
+            they move all chains together), or malformed ``model_args``/``model_kwargs``.
+
+    Example:
+        >>> import jax, numpyro, numpyro.distributions as dist
+        >>> import chainrunner as cr
+        >>> def model():
+        ...     numpyro.sample("x", dist.Normal())
+        >>> kernel = cr.from_numpyro(numpyro.infer.NUTS(model))
+        >>> trace = cr.run(kernel, jax.random.key(0), None, 20, num_warmup=20, num_chains=2,
+        ...                progress=False)
+        >>> trace.draws["x"].shape
+        (2, 20)
+    """
+    where = "from_numpyro"
+    if not isinstance(model_args, (tuple, list)):
+        raise TypeError(
+            f"{where}: model_args must be a tuple of the model's positional arguments, got "
+            f"{type(model_args).__name__}."
+        )
+    if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
+        raise TypeError(
+            f"{where}: model_kwargs must be a dict or None, got {type(model_kwargs).__name__}."
+        )
+    if isinstance(kernel, NumpyroKernel):
+        if not model_args and not model_kwargs and log_likelihood == kernel.want_log_likelihood:
+            return kernel
+        return NumpyroKernel(
+            kernel.kernel,
+            model_args or kernel.model_args,
+            model_kwargs if model_kwargs is not None else kernel.model_kwargs,
+            log_likelihood,
+        )
+    if isinstance(kernel, types.FunctionType):
+        hit = _BARE.get(id(kernel))
+        if hit is None or hit[0] is not kernel:
+            hit = _BARE[id(kernel)] = (kernel, numpyro.infer.NUTS(kernel))
+            while len(_BARE) > _CACHE_MAX:
+                _BARE.popitem(last=False)
+        kernel = hit[1]
+    if isinstance(kernel, numpyro.infer.MCMC):
+        raise TypeError(
+            f"{where}: got a numpyro MCMC object; pass its kernel instead (mcmc.sampler, "
+            "e.g. numpyro.infer.NUTS(model)); num_warmup and num_chains go to cr.run."
+        )
+    if not isinstance(kernel, MCMCKernel):
+        raise TypeError(
+            f"{where}: kernel must be a numpyro MCMCKernel (e.g. numpyro.infer.NUTS(model)) or "
+            f"a model function, got {type(kernel).__name__}."
+        )
+    if getattr(kernel, "is_ensemble_kernel", False):
+        raise TypeError(
+            f"{where}: {type(kernel).__name__} is an ensemble kernel (its chains move together); "
+            "chainrunner runs independent chains. Use NUTS, HMC, BarkerMH or SA."
+        )
+    return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood)
