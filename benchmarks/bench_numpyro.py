@@ -98,14 +98,38 @@ def make_runner(method, model, args, kwargs, chains, warmup, samples, mesh):
     return run
 
 
+def emit(results, name, chains, times, ess, first, warmup, samples):
+    for m in times:
+        wall = float(np.median(times[m]))
+        e = float(np.median(ess[m]))
+        row = {
+            "model": name, "chains": chains, "devices": 2, "method": m,
+            "warmup": warmup, "samples": samples, "wall_s": round(wall, 3),
+            "first_call_s": round(first[m], 3), "min_bulk_ess": round(e, 1),
+            "min_bulk_ess_per_s": round(e / wall, 1),
+        }  # fmt: skip
+        results.append(row)
+        print("#", json.dumps(row), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repetition")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions")
+    parser.add_argument("--chains", default=None, help="comma-separated chain counts")
+    parser.add_argument(
+        "--sequential-max-chains",
+        type=int,
+        default=8,
+        help="run numpyro's sequential method only up to this many chains (it compiles per "
+        "chain; at 64 chains it exhausted this machine's memory maps)",
+    )
     opts = parser.parse_args()
     warmup, samples = (200, 200) if opts.quick else (1000, 1000)
     reps = opts.reps or (1 if opts.quick else 3)
     chain_counts = (8,) if opts.quick else (8, 64)
+    if opts.chains:
+        chain_counts = tuple(int(c) for c in opts.chains.split(","))
     mesh = cr.chain_mesh(2)
     ndev = len(jax.devices())
     results = []
@@ -132,6 +156,9 @@ def main():
                     times[m].append(time.perf_counter() - t0)
                     ess[m].append(min_bulk_ess(draws))
             # numpyro sequential: end to end (it compiles per call).
+            if chains > opts.sequential_max_chains:
+                emit(results, name, chains, times, ess, first, warmup, samples)
+                continue
             seq = make_runner(
                 "numpyro_sequential", model, args, kwargs, chains, warmup, samples, mesh
             )
@@ -142,17 +169,7 @@ def main():
             times["numpyro_sequential (end to end)"] = [time.perf_counter() - t0]
             ess["numpyro_sequential (end to end)"] = [min_bulk_ess(draws)]
             first["numpyro_sequential (end to end)"] = times["numpyro_sequential (end to end)"][0]
-            for m in times:
-                wall = float(np.median(times[m]))
-                e = float(np.median(ess[m]))
-                results.append(
-                    {
-                        "model": name, "chains": chains, "devices": 2, "method": m,
-                        "warmup": warmup, "samples": samples, "wall_s": round(wall, 3),
-                        "first_call_s": round(first[m], 3), "min_bulk_ess": round(e, 1),
-                        "min_bulk_ess_per_s": round(e / wall, 1),
-                    }
-                )  # fmt: skip
+            emit(results, name, chains, times, ess, first, warmup, samples)
     print(json.dumps({"jax": jax.__version__, "numpyro": numpyro.__version__,
                       "results": results}, indent=1))  # fmt: skip
     print()

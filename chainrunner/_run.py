@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _kernel, _mesh
+from . import _checkpoint, _diagnostics, _kernel, _mesh
 from ._chain_map import check_batch_size, leading_size
 from ._kernel import Kernel
 from ._trace import Trace
@@ -114,11 +116,11 @@ def _init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None) -> Callabl
 
 
 def _chunk_program(
-    kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int
+    kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any
 ) -> Callable:
     def body(state, step_key, start, n_valid, params):
         trace_counts["chunk"] += 1
-        loop = _kernel.chunk_loop(kernel.bind(params), chunk_len, thinning)
+        loop = _kernel.chunk_loop(_apply_keep(kernel.bind(params), keep), chunk_len, thinning)
 
         def one_chain(args):
             return loop(*args, start, n_valid)
@@ -134,22 +136,25 @@ def _chunk_program(
 class _Sink:
     """Host arrays ``(chain, draw, ...)`` filled chunk by chunk (one copy of the draws)."""
 
-    def __init__(self, num_chains: int, num_draws: int):
+    def __init__(self, num_chains: int, num_draws: int, like: Any):
         self.n = num_chains
-        self.num_draws = num_draws
-        self.arrays: Any = None
+        self.filled = 0
+        self.arrays = jax.tree.map(
+            lambda x: np.empty((num_chains, num_draws, *x.shape[2:]), x.dtype), like
+        )
 
-    def write(self, tree: Any, lo: int, src: slice) -> None:
-        if self.arrays is None:
-            self.arrays = jax.tree.map(
-                lambda x: np.empty((self.n, self.num_draws, *x.shape[2:]), x.dtype), tree
-            )
+    def write(self, tree: Any, at: int, src: slice) -> None:
         width = src.stop - src.start
 
         def put(dst, x):
-            dst[:, lo : lo + width] = x[: self.n, src]
+            dst[:, at : at + width] = x[: self.n, src]
 
         jax.tree.map(put, self.arrays, tree)
+        self.filled = max(self.filled, at + width)
+
+    def result(self) -> Any:
+        """The arrays, cut to the draws written so far (a view: no copy)."""
+        return jax.tree.map(lambda a: a[:, : self.filled], self.arrays)
 
 
 def _progress_bar(progress: bool | None, total: int, desc: str):
@@ -166,6 +171,88 @@ def _versions() -> dict[str, str]:
     return {"chainrunner_version": __version__, "jax_version": jax.__version__}
 
 
+class CrossChainWarmup(NamedTuple):
+    """What a cross-chain warmup hook returns (see ``_warmup``).
+
+    Attributes:
+        state: the adapted, padded, sharded kernel state to start sampling from.
+        kernel: the ``Kernel`` to sample with (adapted shared parameters as ``params``).
+        draws: optional warmup draws ``(chain, draw, ...)`` (numpy), when kept.
+        stats: optional warmup stats, when kept.
+        attrs: adapted parameters to record in the trace's ``attrs``.
+    """
+
+    state: Any
+    kernel: Kernel
+    draws: Any = None
+    stats: dict | None = None
+    attrs: dict | None = None
+
+
+def _check_keep(keep: Any) -> Any:
+    if keep is None or callable(keep):
+        return keep
+    if isinstance(keep, str):
+        keep = (keep,)
+    if isinstance(keep, (list, tuple)) and keep and all(isinstance(k, str) for k in keep):
+        return tuple(keep)
+    raise TypeError(
+        "run: keep must be None, a site name, a list of names, or a function "
+        f"(state, info) -> pytree, got {keep!r}."
+    )
+
+
+def _apply_keep(kernel: Kernel, keep: Any) -> Kernel:
+    """``kernel`` (already bound to its params) with ``extract`` reduced to ``keep``."""
+    if keep is None:
+        return kernel
+    extract = kernel.extract
+    if callable(keep):
+
+        def kept(state, info):
+            return keep(state, info), extract(state, info)[1]
+
+    else:
+
+        def kept(state, info):
+            draws, stats = extract(state, info)
+            if not isinstance(draws, dict):
+                raise ValueError(
+                    f"run: keep={list(keep)} names draws, but this kernel's draws are a "
+                    f"{type(draws).__name__}, not a dict of sites."
+                )
+            missing = [k for k in keep if k not in draws]
+            if missing:
+                raise ValueError(
+                    f"run: keep names {missing}, which are not among the draws {sorted(draws)}."
+                )
+            return {k: draws[k] for k in keep}, stats
+
+    return kernel._replace(extract=kept)
+
+
+_ON_BAD_INIT = ("raise", "warn", "reinit")
+MAX_REINIT = 10
+
+
+def _jitter_fn(init_jitter: Any) -> Callable:
+    if callable(init_jitter):
+        return init_jitter
+
+    def jitter(rng_key, position):
+        leaves, treedef = jax.tree.flatten(position)
+        keys = jax.random.split(rng_key, len(leaves))
+        return jax.tree.unflatten(
+            treedef,
+            [
+                x + init_jitter * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
+                for x, k in zip(leaves, keys, strict=True)
+            ],
+        )
+
+    return jitter
+
+
 def run(
     kernel: Any,
     rng_key: jax.Array,
@@ -180,6 +267,12 @@ def run(
     chunk_size: int | None = None,
     progress: bool | None = None,
     keep_warmup: bool = False,
+    keep: Any = None,
+    checkpoint: str | os.PathLike | None = None,
+    monitor: bool = False,
+    warn: bool = True,
+    on_bad_init: str = "raise",
+    init_jitter: float | Callable = 1.0,
 ) -> Trace:
     """Runs many chains of an MCMC kernel, spread over the devices of a mesh.
 
@@ -194,6 +287,11 @@ def run(
     with ``num_samples``. The compiled program is cached: new seeds, initial values
     or a new ``num_samples`` do not recompile.
 
+    Ctrl-C (``KeyboardInterrupt``) stops the run after the chunks already finished:
+    ``run`` returns them as a partial trace (``attrs["interrupted"]``) and warns how
+    to go on (``cr.run(kernel, rng_key, trace, remaining)`` or the same call again
+    with a ``checkpoint``).
+
     Args:
         kernel: a blackjax ``SamplingAlgorithm``, a numpyro ``MCMCKernel``, or a
             ``cr.Kernel`` (``cr.from_blackjax`` / ``cr.from_numpyro``).
@@ -204,7 +302,7 @@ def run(
             for kernels that initialise chains themselves (numpyro).
         num_samples: kernel steps after warmup; ``num_samples // thinning`` draws are kept.
         num_warmup: kernel steps before the kept draws (the kernel's own adaptation
-            runs during them, for numpyro kernels).
+            runs during them, for numpyro kernels and adaptive blackjax kernels).
         num_chains: number of chains; inferred from ``initial_position`` if ``None``.
         thinning: keep every ``thinning``-th step; must divide ``num_samples`` and
             ``num_warmup``.
@@ -213,9 +311,27 @@ def run(
         batch_size: chains advanced together on one device (``lax.map``); ``None``:
             all of a device's chains in one ``vmap``.
         chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
-            how often the progress bar moves.
+            how often the progress bar moves and checkpoints are written.
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
+        keep: what to store per draw, to cut memory: a site name or list of names
+            (for dict draws, e.g. numpyro sites), or a function ``(state, info) ->
+            pytree`` replacing the draws. ``None`` stores the kernel's draws.
+        checkpoint: a folder: every finished chunk's draws, stats and state are
+            written there (netCDF per chunk, atomically) before the next chunk
+            starts; the same call again with the same folder, after a crash,
+            resumes after the last complete chunk and gives the same draws as an
+            uninterrupted run. A folder of another run is an error.
+        monitor: show the running split-R-hat (max) and bulk ESS (min) on the
+            progress bar after each chunk (ArviZ; costs a little per chunk).
+        warn: warn after the run when its diagnostics (R-hat, ESS, divergences,
+            stuck or non-finite chains) say something went wrong; see ``Trace.diagnostics``.
+        on_bad_init: chains that start at a non-finite log density: ``"raise"`` a
+            ``ValueError`` naming them, ``"warn"`` and run anyway, or ``"reinit"``:
+            new starts for those chains (``init_jitter`` added to their positions,
+            or a new init key for kernels that initialise themselves), up to 10 tries.
+        init_jitter: the scale of the normal noise ``"reinit"`` adds, or a function
+            ``(rng_key, position) -> position`` for one chain.
 
     Returns:
         A ``Trace`` with numpy ``draws`` and ``stats`` ``(chain, draw, ...)`` and the
@@ -224,7 +340,8 @@ def run(
     Raises:
         TypeError, ValueError: for bad arguments, before any compilation.
         ValueError: also if some chains start at a non-finite log density (their
-            indices are listed), before the sampling loop is compiled.
+            indices are listed) with ``on_bad_init="raise"``, before the sampling
+            loop is compiled; or if ``checkpoint`` holds another run.
 
     Example:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -256,9 +373,28 @@ def run(
     if mesh is not None:
         _mesh.check_mesh(mesh, where)
     _check_progress(progress)
-    if not isinstance(keep_warmup, bool):
-        raise TypeError(f"run: keep_warmup must be True or False, got {keep_warmup!r}.")
+    for name, value in (("keep_warmup", keep_warmup), ("monitor", monitor), ("warn", warn)):
+        if not isinstance(value, bool):
+            raise TypeError(f"run: {name} must be True or False, got {value!r}.")
+    keep = _check_keep(keep)
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(
+            f"run: checkpoint must be a folder path (str or os.PathLike), got {checkpoint!r}."
+        )
+    if on_bad_init not in _ON_BAD_INIT:
+        raise ValueError(f"run: on_bad_init must be one of {_ON_BAD_INIT}, got {on_bad_init!r}.")
+    if not callable(init_jitter) and (
+        isinstance(init_jitter, bool)
+        or not isinstance(init_jitter, (int, float))
+        or not np.isfinite(init_jitter)
+        or init_jitter <= 0
+    ):
+        raise ValueError(
+            f"run: init_jitter must be a positive number or a function, got {init_jitter!r}."
+        )
+    source = kernel
     kernel = resolve_kernel(kernel, num_warmup=num_warmup)
+    cross_chain = getattr(source, "chainrunner_cross_chain_warmup", None)
 
     # -- what to start from
     previous = initial_position if isinstance(initial_position, Trace) else None
@@ -289,104 +425,172 @@ def run(
         mesh = _mesh.chain_mesh(min(n, len(jax.devices())))
     layout = _mesh.make_layout(n, mesh, batch_size)
     b = layout.batch_size
-    total_draws = (num_warmup + num_samples) // thinning
-    warmup_draws = num_warmup // thinning
-    chunk_len = min(total_draws, chunk_size or DEFAULT_CHUNK_SIZE)
-    params = _mesh.replicate(kernel.params, mesh) if kernel.params is not None else None
-    fn_key = (kernel.functions, mesh, b)
 
     # -- keys and initial states
     compile_time = 0.0
     init_key, step_key = chain_keys(rng_key, n)
     step_key = _mesh.place(_mesh.pad(step_key, n, layout.padded), mesh)
+    params = _mesh.replicate(kernel.params, mesh) if kernel.params is not None else None
     if previous is None:
-        args = _mesh.place(_mesh.pad((position, init_key), n, layout.padded), mesh)
-        args = (*args, params)
-        init, dt = _compiled(("init", *fn_key), lambda: _init_program(kernel, mesh, b), args)
+        state, dt, reinit = _initial_state(
+            kernel, mesh, layout, position, init_key, params, on_bad_init, init_jitter
+        )
         compile_time += dt
-        state, lp = init(*args)
-        if kernel.logdensity is not None:
-            lp = np.asarray(lp)[:n]
-            bad = np.flatnonzero(~np.isfinite(lp))
-            if bad.size:
-                raise ValueError(
-                    f"run: initial_position: the log density is not finite at the start of "
-                    f"chain(s) {bad.tolist()} (values {lp[bad].tolist()[:8]}). Start those "
-                    "chains inside the support of the target."
-                    + (f" {hint}" if (hint := getattr(kernel, "init_error_hint", None)) else "")
-                )
     else:
         state = _mesh.place(_mesh.pad(state, n, layout.padded), mesh)
+        reinit = []
 
-    # -- the loop
-    def chunk_args(first: int, count: int) -> tuple:
-        start = np.int32(start_step + first * thinning)
-        return (state, step_key, start, np.int32(count), params)
+    extra_attrs: dict[str, Any] = {}
+    cross = None
+    if cross_chain is not None and previous is None and num_warmup > 0:
+        t0 = time.perf_counter()
+        cross = cross_chain(
+            rng_key=rng_key,
+            state=state,
+            num_chains=n,
+            num_warmup=num_warmup,
+            mesh=mesh,
+            keep_warmup=keep_warmup,
+        )
+        state, kernel = cross.state, cross.kernel
+        params = _mesh.replicate(kernel.params, mesh) if kernel.params is not None else None
+        extra_attrs.update(cross.attrs or {})
+        extra_attrs["warmup_time"] = time.perf_counter() - t0
+        start_step += num_warmup
+        num_warmup = 0
 
-    sig_args = _mesh.replicate(chunk_args(0, chunk_len)[2:4], mesh)
+    total_draws = (num_warmup + num_samples) // thinning
+    warmup_draws = num_warmup // thinning
+    chunk_len = min(total_draws, chunk_size or DEFAULT_CHUNK_SIZE)
+    fn_key = (kernel.functions, mesh, b)
+    zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
     chunk_fn, dt = _compiled(
-        ("chunk", *fn_key, chunk_len, thinning),
-        lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning),
-        (state, step_key, *sig_args, params),
+        ("chunk", *fn_key, chunk_len, thinning, keep),
+        lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
+        (state, step_key, *zero, params),
     )
     compile_time += dt
+    out_like = chunk_fn.out_info[1]  # (draws, stats) shapes of one chunk
 
-    keep = _Sink(n, num_samples // thinning)
-    keep_w = _Sink(n, warmup_draws) if keep_warmup and warmup_draws else None
+    keep_main = _Sink(n, num_samples // thinning, out_like)
+    keep_w = _Sink(n, warmup_draws, out_like) if keep_warmup and warmup_draws else None
+
+    # -- a checkpoint: check it belongs to this run, then load what it holds
+    ckpt = None
+    first_draw = 0
+    if checkpoint is not None:
+        from ._arviz import flat_dict
+
+        ckpt = _checkpoint.Checkpoint(
+            checkpoint,
+            {
+                "fingerprint": _checkpoint.fingerprint(chunk_fn.as_text(), kernel.params),
+                "seed": np.asarray(jax.random.key_data(rng_key)).tolist(),
+                "num_chains": n,
+                "num_devices": layout.num_devices,
+                "chains_per_device": layout.per_device,
+                "batch_size": b,
+                "chunk_size": chunk_len,
+                "thinning": thinning,
+                "num_warmup": num_warmup,
+                "num_samples": num_samples,
+                "first_step": start_step,
+                "keep_warmup": keep_warmup,
+                "state": _checkpoint.describe_state(state),
+            },
+        )
+        ckpt.open()
+        names = list(flat_dict(out_like[0]))
+        treedef = jax.tree.structure(out_like[0])
+        for chunk in ckpt.read_chunks():
+            for group, sink in (("posterior", keep_main), ("warmup_posterior", keep_w)):
+                if group in chunk and sink is not None:
+                    at, values = chunk[group]
+                    _, stats = chunk.get(group.replace("posterior", "sample_stats"), (at, {}))
+                    draws = jax.tree.unflatten(treedef, [values[k] for k in names])
+                    width = np.shape(values[names[0]])[1]
+                    sink.write((draws, stats), at, slice(0, width))
+        if ckpt.chunks:
+            first_draw = ckpt.draws_done
+            saved = ckpt.read_state(state)  # n chains, as written
+            state = _mesh.place(_mesh.pad(saved, n, layout.padded), mesh)
+        extra_attrs["resumed_from_draw"] = first_draw
+
+    # -- the loop
     bar = _progress_bar(
-        progress, num_warmup + num_samples, "warmup" if warmup_draws else "sampling"
+        progress,
+        num_warmup + num_samples,
+        "warmup" if first_draw < warmup_draws else "sampling",
     )
-    divergences = 0
+    bar.update(first_draw * thinning)
+    counts = {"divergences": 0}
+    done = {"draws": first_draw, "state": state}
 
     def collect(pending):
-        nonlocal divergences
-        first, count, out = pending
-        draws, stats = out
+        first, count, out_state, (draws, stats) = pending
         lo, hi = first, first + count
         parts = []
         if lo < warmup_draws and keep_w is not None:
-            parts.append((keep_w, lo, slice(0, min(hi, warmup_draws) - lo)))
+            parts.append(("warmup_", keep_w, lo, slice(0, min(hi, warmup_draws) - lo)))
         if hi > warmup_draws:
             a = max(lo, warmup_draws)
-            parts.append((keep, a - warmup_draws, slice(a - lo, hi - lo)))
-        if parts:
-            draws, stats = jax.device_get((draws, stats))
-            for sink, at, src in parts:
-                sink.write((draws, stats), at, src)
-            if "diverging" in stats and hi > warmup_draws:
-                divergences += int(np.sum(stats["diverging"][:n, parts[-1][2]]))
+            parts.append(("", keep_main, a - warmup_draws, slice(a - lo, hi - lo)))
+        host = jax.device_get((draws, stats)) if parts else None
+        for _, sink, at, src in parts:
+            sink.write(host, at, src)
+        if parts and parts[-1][0] == "" and "diverging" in host[1]:
+            counts["divergences"] += int(np.sum(host[1]["diverging"][:n, parts[-1][3]]))
+        if ckpt is not None:
+            from ._arviz import flat_dict
+
+            groups = {}
+            for prefix, _, at, src in parts:
+                cut = jax.tree.map(lambda x, src=src: x[:n, src], host)
+                groups[prefix + "posterior"] = (at, flat_dict(cut[0]))
+                groups[prefix + "sample_stats"] = (at, dict(cut[1]))
+            ckpt.write_chunk(lo, hi, groups, _mesh.unpad(out_state, n, layout.padded, mesh))
+        done["draws"], done["state"] = hi, out_state
         bar.update(count * thinning)
         if lo < warmup_draws <= hi:
             bar.set_description("sampling")
-        if divergences:
-            bar.set_postfix(divergences=divergences, refresh=False)
+        postfix = {}
+        if counts["divergences"]:
+            postfix["divergences"] = counts["divergences"]
+        if monitor and keep_main.filled >= 4:
+            postfix.update(_monitor(keep_main.result()))
+        if postfix:
+            bar.set_postfix(postfix, refresh=False)
 
     t0 = time.perf_counter()
     pending = None
+    interrupted = False
     try:
-        for first in range(0, total_draws, chunk_len):
+        for first in range(first_draw, total_draws, chunk_len):
             count = min(chunk_len, total_draws - first)
-            start, valid = _mesh.replicate(chunk_args(first, count)[2:4], mesh)
+            start = np.int32(start_step + first * thinning)
+            start, valid = _mesh.replicate((start, np.int32(count)), mesh)
             state, out = chunk_fn(state, step_key, start, valid, params)
             if pending is not None:
                 collect(pending)  # the next chunk is already running on the devices
-            pending = (first, count, out)
-        collect(pending)
+            pending = (first, count, state, out)
+        if pending is not None:
+            collect(pending)
         jax.block_until_ready(state)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         bar.close()
     sampling_time = time.perf_counter() - t0
+    state = done["state"]
+    steps_done = start_step + done["draws"] * thinning
 
-    def finish(sink):
-        if sink is None:
-            return None, None
-        return sink.arrays
-
-    draws, stats = finish(keep)
-    w_draws, w_stats = finish(keep_w)
+    draws, stats = keep_main.result()
+    w_draws, w_stats = keep_w.result() if keep_w is not None else (None, None)
+    if cross is not None and cross.draws is not None:
+        w_draws, w_stats = cross.draws, cross.stats
     groups = kernel_groups(kernel)
     log_likelihood = getattr(kernel, "log_likelihood_group", None)
-    if log_likelihood is not None:
+    if log_likelihood is not None and not interrupted:
         groups["log_likelihood"] = log_likelihood(draws)
     attrs = {
         **_versions(),
@@ -404,17 +608,144 @@ def run(
         "compile_time": compile_time,
         "sampling_time": sampling_time,
         "layout": layout.describe(),
+        **({"reinitialised_chains": reinit} if reinit else {}),
+        **({"interrupted": True} if interrupted else {}),
+        **extra_attrs,
     }
-    return Trace(
+    trace = Trace(
         draws=draws,
         stats=stats,
         final_state=_mesh.unpad(state, n, layout.padded, mesh),
-        num_steps=start_step + num_warmup + num_samples,
+        num_steps=steps_done,
         warmup_draws=w_draws,
         warmup_stats=w_stats,
         attrs=attrs,
         groups=groups,
     )
+    if interrupted:
+        remaining = start_step + (num_warmup + num_samples) - steps_done
+        how = (
+            "run the same call again (same checkpoint) to resume"
+            if ckpt is not None
+            else f"cr.run(kernel, rng_key, trace, {remaining}) continues it"
+        )
+        warnings.warn(
+            f"run: interrupted after {steps_done - start_step} of {num_warmup + num_samples} "
+            f"steps; returning the {done['draws']} draws finished so far (per chain); {how}.",
+            _diagnostics.ChainrunnerWarning,
+            stacklevel=2,
+        )
+    elif warn:
+        _diagnostics.warn_if_needed(trace)
+    return trace
+
+
+def _monitor(draws: Any) -> dict[str, str]:
+    """Max split-R-hat and min bulk ESS of the draws so far (for the progress bar)."""
+    import arviz as az
+
+    from ._arviz import flat_dict
+
+    rhat, ess = [], []
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # degenerate early chunks: nan, not noise
+        for x in flat_dict(draws).values():
+            x = np.asarray(x, np.float64).reshape(*x.shape[:2], -1)
+            for j in range(min(x.shape[-1], 64)):
+                col = x[..., j]
+                if not np.all(np.isfinite(col)):
+                    continue
+                if x.shape[0] > 1:
+                    rhat.append(float(az.rhat(col)))
+                ess.append(float(az.ess(col, method="bulk")))
+    out = {}
+    if rhat and not np.all(np.isnan(rhat)):
+        out["rhat"] = f"{np.nanmax(rhat):.3f}"
+    if ess and not np.all(np.isnan(ess)):
+        out["ess"] = f"{np.nanmin(ess):.0f}"
+    return out
+
+
+def _initial_state(kernel, mesh, layout, position, init_key, params, on_bad_init, init_jitter):
+    """Initialises every chain; handles non-finite starts as ``on_bad_init`` says."""
+    n, b = layout.num_chains, layout.batch_size
+    fn_key = (kernel.functions, mesh, b)
+    compile_time = 0.0
+    reinit: list[int] = []
+    origin = position  # every retry jitters the user's start afresh (no random walk)
+    for attempt in range(MAX_REINIT + 1):
+        args = (*_mesh.place(_mesh.pad((position, init_key), n, layout.padded), mesh), params)
+        init, dt = _compiled(("init", *fn_key), lambda: _init_program(kernel, mesh, b), args)
+        compile_time += dt
+        state, lp = init(*args)
+        if kernel.logdensity is None:
+            return state, compile_time, reinit
+        lp = np.asarray(lp)[:n]
+        bad = np.flatnonzero(~np.isfinite(lp))
+        if not bad.size:
+            return state, compile_time, reinit
+        message = (
+            f"run: initial_position: the log density is not finite at the start of "
+            f"chain(s) {bad.tolist()} (values {lp[bad].tolist()[:8]})."
+        )
+        hint = getattr(kernel, "init_error_hint", None)
+        if on_bad_init == "raise":
+            raise ValueError(
+                f"{message} Start those chains inside the support of the target, or pass "
+                'on_bad_init="reinit".' + (f" {hint}" if hint else "")
+            )
+        if on_bad_init == "warn":
+            warnings.warn(
+                f"{message} Running them anyway (on_bad_init='warn').",
+                _diagnostics.ChainrunnerWarning,
+                stacklevel=3,
+            )
+            return state, compile_time, reinit
+        if attempt == MAX_REINIT:
+            raise ValueError(
+                f"{message} Still not finite after {MAX_REINIT} re-initialisations "
+                "(on_bad_init='reinit'); start those chains inside the support of the target."
+                + (f" {hint}" if hint else "")
+            )
+        reinit = sorted(set(reinit) | set(bad.tolist()))
+        mask = np.zeros(n, bool)
+        mask[bad] = True
+        position, init_key = _reinit(
+            position, origin, init_key, jnp.asarray(mask), attempt, init_jitter
+        )
+    raise AssertionError("unreachable")
+
+
+def _reinit(position, origin, init_key, mask, attempt, init_jitter):
+    """New starts for the chains in ``mask``: ``origin`` jittered, and fresh init keys.
+
+    The keys of try ``a`` derive from the chain's init key and ``a`` only.
+    """
+    jitter = _jitter_fn(init_jitter)
+
+    def one(pos, org, key, bad):
+        new_key = jax.random.fold_in(key, attempt + 1)
+        new_pos = None if pos is None else jitter(jax.random.fold_in(new_key, 0), org)
+        pick = lambda new, old: jnp.where(bad, new, old)  # noqa: E731
+        key_out = jax.random.wrap_key_data(
+            pick(jax.random.key_data(new_key), jax.random.key_data(key)),
+            impl=jax.random.key_impl(key),
+        )
+        if pos is None:
+            return None, key_out
+        return jax.tree.map(pick, new_pos, pos), key_out
+
+    warnings.warn(
+        f"run: re-initialising chain(s) {np.flatnonzero(np.asarray(mask)).tolist()} "
+        "(non-finite log density at the start; on_bad_init='reinit').",
+        _diagnostics.ChainrunnerWarning,
+        stacklevel=4,
+    )
+    if position is None:
+        _, keys = jax.vmap(lambda k, m: one(None, None, k, m))(init_key, mask)
+        return None, keys
+    new_pos, keys = jax.vmap(one)(position, origin, init_key, mask)
+    return new_pos, keys
 
 
 def kernel_groups(kernel: Kernel) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,17 @@ class Trace:
     warmup_stats: dict[str, np.ndarray] | None = None
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def diagnostics(self) -> Any:
+        """Convergence diagnostics of the draws (R-hat, ESS, divergences, stuck chains...).
+
+        Computed with ArviZ on first access; ``run`` warns when they say the run went
+        wrong (unless ``warn=False``). See ``chainrunner._diagnostics.Diagnostics``.
+        """
+        from ._diagnostics import diagnose
+
+        return diagnose(self)
 
     @property
     def num_chains(self) -> int:

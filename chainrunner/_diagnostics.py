@@ -1,0 +1,317 @@
+"""Run diagnostics: R-hat, ESS, divergences, stuck chains and non-finite values.
+
+R-hat and ESS come from ArviZ (``az.rhat``, ``az.ess``), never re-implemented here;
+the calls are the same under arviz 0.x and arviz >= 1 (arviz_stats): a dict of
+``(chain, draw, *event)`` arrays in, an ``xarray.Dataset`` out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._trace import Trace
+
+RHAT_MAX = 1.01
+"""R-hat above this flags a variable (Vehtari et al. 2021; ``arviz_stats.diagnose``)."""
+
+ESS_PER_CHAIN = 100
+"""Bulk or tail ESS below ``ESS_PER_CHAIN * chains`` flags a variable (same sources)."""
+
+MIN_DRAWS = 4
+"""Fewer draws per chain than this: R-hat and ESS are not computed (not flagged either)."""
+
+STUCK_ACCEPTANCE = 0.01
+"""A chain whose mean ``acceptance_rate`` is below this is stuck."""
+
+
+class ChainrunnerWarning(RuntimeWarning):
+    """Issued after a run whose diagnostics found a problem (``run(..., warn=False)``: none)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Diagnostics:
+    """What ``diagnose`` found: the numbers, and one sentence per problem.
+
+    R-hat and ESS are computed per element of every variable, by ArviZ, on the
+    chains whose draws are all finite; each variable is then summarised by its worst
+    element: the largest R-hat, the smallest ESS. Variables whose R-hat or ESS is
+    undefined (a constant, or a single chain for R-hat) get no entry in ``rhat``, or
+    ``nan``, and are never flagged.
+
+    Attributes:
+        num_chains: chains in the trace.
+        num_draws: draws per chain.
+        rhat: variable -> largest rank-normalised split R-hat over its elements
+            (``az.rhat(method="rank")``); empty with one usable chain or fewer than
+            ``MIN_DRAWS`` draws.
+        ess_bulk: variable -> smallest bulk ESS over its elements
+            (``az.ess(method="bulk")``); empty with fewer than ``MIN_DRAWS`` draws.
+        ess_tail: variable -> smallest tail ESS (``az.ess(method="tail")``).
+        ess_threshold: ``ESS_PER_CHAIN`` times the chains used; a lower ESS is flagged.
+        divergences: divergent transitions per chain, shape ``(num_chains,)``; ``None``
+            when the kernel reports no ``diverging`` stat.
+        stuck_chains: chains that never moved (every draw equal to the first) or whose
+            mean ``acceptance_rate`` is below ``STUCK_ACCEPTANCE``.
+        nonfinite: chain -> index of its first draw with a non-finite value (in the
+            draws or in the ``lp`` stat). These chains are left out of R-hat and ESS.
+        messages: one short sentence per problem; empty when healthy.
+
+    Example:
+        >>> import numpy as np
+        >>> import chainrunner as cr
+        >>> from chainrunner._diagnostics import diagnose
+        >>> draws = np.random.default_rng(0).normal(size=(4, 500))
+        >>> d = diagnose(cr.Trace(draws=draws, stats={}, final_state=None))
+        >>> d.ok, d.messages, round(d.rhat["x"], 1)
+        (True, [], 1.0)
+    """
+
+    num_chains: int
+    num_draws: int
+    rhat: dict[str, float]
+    ess_bulk: dict[str, float]
+    ess_tail: dict[str, float]
+    ess_threshold: float
+    divergences: np.ndarray | None
+    stuck_chains: list[int]
+    nonfinite: dict[int, int]
+    messages: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when no problem was found (``messages`` is empty)."""
+        return not self.messages
+
+    def __str__(self) -> str:
+        head = f"chainrunner: {self.num_chains} chain(s) x {self.num_draws} draw(s)"
+        if self.ok:
+            return f"{head}: no problems found."
+        lines = [f"{head}: {len(self.messages)} problem(s)."]
+        lines += [f"- {m}" for m in self.messages]
+        lines.append("Details: trace.diagnostics; silence with run(..., warn=False).")
+        return "\n".join(lines)
+
+
+def _float_leaves(trace: Trace) -> dict[str, np.ndarray]:
+    from ._arviz import flat_dict
+
+    return flat_dict(trace.draws)
+
+
+def _first_nonfinite(values: dict[str, np.ndarray], num_chains: int) -> dict[int, int]:
+    first = np.full(num_chains, np.iinfo(np.int64).max)
+    for x in values.values():
+        if not np.issubdtype(x.dtype, np.inexact) or x.ndim < 2:
+            continue
+        bad = ~np.isfinite(x.reshape(x.shape[0], x.shape[1], -1)).all(axis=2)
+        has = bad.any(axis=1)
+        first = np.where(has, np.minimum(first, bad.argmax(axis=1)), first)
+    return {int(c): int(first[c]) for c in np.flatnonzero(first < np.iinfo(np.int64).max)}
+
+
+def _stuck(draws: dict[str, np.ndarray], stats: dict[str, np.ndarray], num_chains: int) -> list:
+    stuck = np.zeros(num_chains, bool)
+    num_draws = next(iter(draws.values())).shape[1] if draws else 0
+    if num_draws >= 2:
+        still = np.ones(num_chains, bool)
+        for x in draws.values():
+            same = x == x[:, :1]
+            if np.issubdtype(x.dtype, np.inexact):
+                same |= np.isnan(x) & np.isnan(x[:, :1])
+            still &= same.reshape(num_chains, -1).all(axis=1)
+        stuck |= still
+    acc = stats.get("acceptance_rate")
+    if acc is not None and np.size(acc):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-nan chains
+            mean = np.nanmean(np.asarray(acc, float).reshape(num_chains, -1), axis=1)
+        stuck |= mean < STUCK_ACCEPTANCE
+    return np.flatnonzero(stuck).tolist()
+
+
+def _worst(ds: Any, name: str, reduce: Any) -> float:
+    values = np.asarray(ds[name].values, float)
+    if values.size == 0 or np.all(np.isnan(values)):
+        return float("nan")
+    return float(reduce(values))
+
+
+def _arviz_stats(
+    draws: dict[str, np.ndarray], chains: np.ndarray
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """R-hat (max) and bulk/tail ESS (min) per variable, from ArviZ, on ``chains``."""
+    import arviz as az
+
+    data = {}
+    for name, x in draws.items():
+        x = x[chains] if chains.size < x.shape[0] else x
+        data[name] = x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float64)
+    if not data:
+        return {}, {}, {}
+    with warnings.catch_warnings():
+        # ArviZ warns about constant variables, more chains than draws, etc.: the numbers
+        # (nan where undefined) say all that the report needs.
+        warnings.simplefilter("ignore")
+        bulk = az.ess(data, method="bulk")
+        tail = az.ess(data, method="tail")
+        rhat = az.rhat(data, method="rank") if chains.size >= 2 else None
+    names = list(data)
+    return (
+        {} if rhat is None else {n: _worst(rhat, n, np.nanmax) for n in names},
+        {n: _worst(bulk, n, np.nanmin) for n in names},
+        {n: _worst(tail, n, np.nanmin) for n in names},
+    )
+
+
+def _chains(chains: list[int] | np.ndarray, limit: int = 8) -> str:
+    chains = [int(c) for c in chains]
+    text = ", ".join(map(str, chains[:limit]))
+    return text + (f", ... ({len(chains)} in all)" if len(chains) > limit else "")
+
+
+def _names(values: dict[str, float], limit: int = 4, fmt: str = "{:.3g}") -> str:
+    items = list(values.items())
+    text = ", ".join(f"{n} ({fmt.format(v)})" for n, v in items[:limit])
+    return text + (f", ... ({len(items)} variables)" if len(items) > limit else "")
+
+
+def diagnose(trace: Trace) -> Diagnostics:
+    """Checks a trace for the usual signs of a failed run.
+
+    The checks, each one sentence in ``messages`` when it fails:
+
+    - R-hat above ``RHAT_MAX`` (1.01): the chains disagree (``az.rhat``, rank-normalised
+      split R-hat; needs two chains and ``MIN_DRAWS`` draws).
+    - bulk or tail ESS below ``ESS_PER_CHAIN`` (100) times the number of chains, the
+      rule of Vehtari et al. (2021) that ``arviz_stats.diagnose`` applies (``az.ess``
+      with ``method="bulk"`` and ``"tail"``).
+    - divergent transitions (the ``diverging`` stat), counted per chain.
+    - stuck chains: no movement at all, or mean ``acceptance_rate`` below 0.01.
+    - non-finite values in the draws or the ``lp`` stat: the chains and the first bad
+      draw of each. Those chains are left out of R-hat and ESS.
+
+    Integer and boolean draws are diagnosed as floats. ``Trace.diagnostics`` caches
+    this, and ``run`` warns with the same report unless ``warn=False``.
+
+    Args:
+        trace: a ``Trace`` (``draws``: pytree of ``(chain, draw, ...)`` arrays;
+            ``stats``: dict of ``(chain, draw)`` arrays).
+
+    Returns:
+        A ``Diagnostics``; ``str()`` of it is the short report.
+
+    Example:
+        >>> import numpy as np
+        >>> import chainrunner as cr
+        >>> from chainrunner._diagnostics import diagnose
+        >>> rng = np.random.default_rng(0)
+        >>> draws = rng.normal(size=(4, 400)) + np.arange(4)[:, None]  # 4 chains, 4 places
+        >>> stats = {"diverging": np.zeros((4, 400), bool)}
+        >>> stats["diverging"][2, :3] = True
+        >>> d = diagnose(cr.Trace(draws=draws, stats=stats, final_state=None))
+        >>> d.ok, d.divergences.tolist()
+        (False, [0, 0, 3, 0])
+        >>> print(d.messages[0])  # doctest: +ELLIPSIS
+        R-hat > 1.01 for x (1.57): the chains disagree; ...
+    """
+    draws = {k: np.asarray(v) for k, v in _float_leaves(trace).items()}
+    stats = {k: np.asarray(v) for k, v in (trace.stats or {}).items()}
+    shapes = [x.shape for x in (*draws.values(), *stats.values()) if x.ndim >= 2]
+    num_chains, num_draws = shapes[0][:2] if shapes else (0, 0)
+
+    lp = {"lp": stats["lp"]} if "lp" in stats else {}
+    nonfinite = _first_nonfinite({**draws, **lp}, num_chains)
+    good = np.array([c for c in range(num_chains) if c not in nonfinite], dtype=int)
+    stuck = _stuck(draws, stats, num_chains) if num_chains else []
+
+    rhat: dict[str, float] = {}
+    ess_bulk: dict[str, float] = {}
+    ess_tail: dict[str, float] = {}
+    if num_draws >= MIN_DRAWS and good.size:
+        rhat, ess_bulk, ess_tail = _arviz_stats(draws, good)
+    threshold = float(ESS_PER_CHAIN * good.size)
+
+    divergences = None
+    if "diverging" in stats:
+        divergences = stats["diverging"].reshape(num_chains, -1).astype(bool).sum(axis=1)
+
+    messages = []
+    high = {n: v for n, v in rhat.items() if v > RHAT_MAX}
+    if high:
+        messages.append(
+            f"R-hat > {RHAT_MAX} for {_names(high)}: the chains disagree; run longer, or "
+            "look for several modes."
+        )
+    low = {
+        n: min(ess_bulk[n], ess_tail[n])
+        for n in ess_bulk
+        if ess_bulk[n] < threshold or ess_tail[n] < threshold
+    }
+    if low:
+        messages.append(
+            f"ESS below {threshold:.0f} ({ESS_PER_CHAIN} per chain) for "
+            f"{_names(low, fmt='{:.0f}')} (smaller of bulk and tail): run longer."
+        )
+    if divergences is not None and divergences.any():
+        where = np.flatnonzero(divergences)
+        counts = ", ".join(f"{c}: {divergences[c]}" for c in where[:8])
+        messages.append(
+            f"{int(divergences.sum())} divergent transition(s) in {where.size} chain(s) "
+            f"(chain: count {counts}{', ...' if where.size > 8 else ''}); use a smaller "
+            "step size or reparametrise."
+        )
+    if stuck:
+        messages.append(
+            f"stuck chain(s) {_chains(stuck)}: no movement or acceptance rate near zero; "
+            "check the step size and the starting points."
+        )
+    if nonfinite:
+        firsts = ", ".join(f"{c} at draw {i}" for c, i in list(nonfinite.items())[:8])
+        messages.append(
+            f"non-finite values in {len(nonfinite)} chain(s) ({firsts}"
+            f"{', ...' if len(nonfinite) > 8 else ''}); left out of R-hat and ESS."
+        )
+    return Diagnostics(
+        num_chains=int(num_chains),
+        num_draws=int(num_draws),
+        rhat=rhat,
+        ess_bulk=ess_bulk,
+        ess_tail=ess_tail,
+        ess_threshold=threshold,
+        divergences=divergences,
+        stuck_chains=stuck,
+        nonfinite=nonfinite,
+        messages=messages,
+    )
+
+
+def warn_if_needed(trace: Trace, *, stacklevel: int = 3) -> None:
+    """Warns once, with the short report, if ``diagnose(trace)`` found a problem.
+
+    Args:
+        trace: a ``Trace``.
+        stacklevel: as for ``warnings.warn``; the default points at the caller of
+            the function that calls this one (``run``'s caller).
+
+    Example:
+        >>> import warnings
+        >>> import numpy as np
+        >>> import chainrunner as cr
+        >>> from chainrunner._diagnostics import warn_if_needed
+        >>> stuck = cr.Trace(draws=np.zeros((2, 10)), stats={}, final_state=None)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_if_needed(stuck)
+        >>> caught[0].category.__name__, "stuck chain(s) 0, 1" in str(caught[0].message)
+        ('ChainrunnerWarning', True)
+    """
+    diagnostics = getattr(trace, "diagnostics", None)
+    if not isinstance(diagnostics, Diagnostics):
+        diagnostics = diagnose(trace)
+    if not diagnostics.ok:
+        warnings.warn(str(diagnostics), ChainrunnerWarning, stacklevel=stacklevel)

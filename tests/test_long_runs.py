@@ -1,0 +1,253 @@
+"""Long runs: checkpoints that survive SIGKILL, Ctrl-C keeps the draws, keep=, monitor."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chainrunner as cr
+from chainrunner import _run
+from chainrunner._diagnostics import ChainrunnerWarning
+
+NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
+X0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32)
+KW = {"mesh": cr.chain_mesh(4), "progress": False, "warn": False}
+
+
+def files(path):
+    out = {}
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def test_checkpoint_complete_then_same_call_loads_it(tmp_path):
+    path = tmp_path / "ckpt"
+    full = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, **KW)
+    a = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, checkpoint=path,
+               **KW)  # fmt: skip
+    np.testing.assert_array_equal(a.draws, full.draws)
+    assert a.attrs["resumed_from_draw"] == 0
+    before = dict(_run.trace_counts)
+    b = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, checkpoint=path,
+               **KW)  # fmt: skip
+    assert b.attrs["resumed_from_draw"] == 50  # everything was on disk
+    np.testing.assert_array_equal(b.draws, full.draws)
+    np.testing.assert_array_equal(b.stats["energy"], full.stats["energy"])
+    np.testing.assert_array_equal(b.final_state.position, full.final_state.position)
+    assert _run.trace_counts == before
+    # Each chunk file is ArviZ data on its own.
+    chunk = os.path.join(path, "chunk_000002.nc")
+    if int(__import__("arviz").__version__.split(".")[0]) >= 1:
+        import xarray as xr
+
+        tree = xr.open_datatree(chunk, engine="h5netcdf")
+        assert tree["posterior"]["x"].shape == (5, 8, 3)
+    else:
+        import arviz as az
+
+        data = az.from_netcdf(chunk)
+        assert data.posterior["x"].shape == (5, 8, 3)
+
+
+def test_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "ckpt"
+    cr.run(NUTS, jax.random.key(0), X0, 16, chunk_size=8, checkpoint=path, **KW)
+    before = files(path)
+    cases = [
+        ({"rng_key": jax.random.key(1)}, "seed"),
+        ({"num_samples": 24}, "num_samples"),
+        ({"kernel": blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(3))}, "finger"),
+        ({"mesh": cr.chain_mesh(2)}, "num_devices"),
+        ({"position": X0[:4]}, "num_chains"),
+    ]
+    for change, what in cases:
+        args = {"kernel": NUTS, "rng_key": jax.random.key(0), "position": X0, "num_samples": 16}
+        args.update(change)
+        kw = {**KW, **({"mesh": change["mesh"]} if "mesh" in change else {})}
+        with pytest.raises(ValueError, match=f"belongs to another run; left untouched.*{what}"):
+            cr.run(args["kernel"], args["rng_key"], args["position"], args["num_samples"],
+                   chunk_size=8, checkpoint=path, **kw)  # fmt: skip
+        assert files(path) == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"not empty and has no manifest\.json"):
+        cr.run(NUTS, jax.random.key(0), X0, 16, checkpoint=tmp_path / "other", **KW)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    import jax.numpy as jnp, numpy as np
+    import chainrunner as cr
+
+    def step(rng_key, x):  # AR(1), stationary N(0, 1)
+        return 0.9 * x + jnp.sqrt(0.19) * jax.random.normal(rng_key, x.shape), {}
+
+    kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
+    mode, path, out = sys.argv[1:4]
+    trace = cr.run(kernel, jax.random.key(3), jnp.zeros((6, 4)), 3000, num_warmup=100,
+                   chunk_size=5, mesh=cr.chain_mesh(4), progress=False, warn=False,
+                   checkpoint=None if mode == "plain" else path)
+    np.savez(out, draws=trace.draws, resumed=trace.attrs.get("resumed_from_draw", -1))
+    """
+)
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    script = tmp_path / "long_run.py"
+    script.write_text(SCRIPT)
+    path = str(tmp_path / "ckpt")
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    def call(mode, out):
+        return subprocess.run(
+            [sys.executable, str(script), mode, path, str(out)],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "checkpoint", path, str(tmp_path / "never.npz")], env=env
+    )
+    manifest = os.path.join(path, "manifest.json")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(manifest) as f:
+                if f.read().count('"file"') >= 5:
+                    break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(tmp_path / "never.npz")
+
+    resumed = call("checkpoint", tmp_path / "resumed.npz")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    plain = call("plain", tmp_path / "plain.npz")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    with np.load(tmp_path / "resumed.npz") as r, np.load(tmp_path / "plain.npz") as p:
+        assert r["draws"].shape == (6, 3000, 4)
+        np.testing.assert_array_equal(r["draws"], p["draws"])
+        assert 0 < int(r["resumed"]) < 3100  # it resumed: less work than starting over
+
+
+class _InterruptingBar:
+    """A progress bar that raises KeyboardInterrupt at its n-th update (as Ctrl-C would)."""
+
+    def __init__(self, at):
+        self.calls, self.at = 0, at
+
+    def update(self, n):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+
+    def set_description(self, *a, **k):
+        pass
+
+    def set_postfix(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_keyboard_interrupt_keeps_the_draws(monkeypatch):
+    full = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
+    # update 1 is the bar's start; updates 2.. are chunks: stop during the 4th chunk.
+    monkeypatch.setattr(_run, "_progress_bar", lambda *a, **k: _InterruptingBar(at=5))
+    with pytest.warns(ChainrunnerWarning, match=r"interrupted.*cr.run\(kernel, rng_key, trace"):
+        part = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
+    monkeypatch.undo()
+    assert part.attrs["interrupted"] is True
+    kept = part.draws.shape[1]
+    assert 0 < kept < 60
+    np.testing.assert_array_equal(part.draws, full.draws[:, :kept])
+    rest = cr.run(NUTS, jax.random.key(4), part, 70 - part.num_steps, chunk_size=10, **KW)
+    np.testing.assert_array_equal(np.concatenate([part.draws, rest.draws], 1), full.draws)
+
+
+def test_keyboard_interrupt_with_checkpoint_resumes(monkeypatch, tmp_path):
+    path = tmp_path / "ckpt"
+    full = cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, **KW)
+    monkeypatch.setattr(_run, "_progress_bar", lambda *a, **k: _InterruptingBar(at=3))
+    with pytest.warns(ChainrunnerWarning, match="same checkpoint"):
+        cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, checkpoint=path, **KW)
+    monkeypatch.undo()
+    again = cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, checkpoint=path, **KW)
+    assert again.attrs["resumed_from_draw"] == 20
+    np.testing.assert_array_equal(again.draws, full.draws)
+
+
+def test_keep_names_or_function():
+    nuts = blackjax.nuts(lambda p: -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2), 0.8, jnp.ones(3))
+    start = {"a": jnp.zeros((2, 2)), "b": jnp.zeros(2)}
+    full = cr.run(nuts, jax.random.key(6), start, 20, **KW)
+    only_b = cr.run(nuts, jax.random.key(6), start, 20, keep=["b"], **KW)
+    assert set(only_b.draws) == {"b"}
+    np.testing.assert_array_equal(only_b.draws["b"], full.draws["b"])
+    assert set(only_b.stats) == set(full.stats)
+
+    def norm(state, info):
+        return jnp.sum(state.position["a"] ** 2)
+
+    fn = cr.run(nuts, jax.random.key(6), start, 20, keep=norm, **KW)
+    np.testing.assert_allclose(fn.draws, np.sum(full.draws["a"] ** 2, -1), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"keep names \['c'\]"):
+        cr.run(nuts, jax.random.key(6), start, 20, keep="c", **KW)
+    with pytest.raises(TypeError, match="keep must be None"):
+        cr.run(nuts, jax.random.key(6), start, 20, keep=3, **KW)
+
+
+def test_monitor_shows_rhat_and_ess(capsys):
+    cr.run(NUTS, jax.random.key(7), X0, 40, chunk_size=10, mesh=cr.chain_mesh(4),
+           progress=True, monitor=True, warn=False)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "rhat=" in err and "ess=" in err
+
+
+def test_bad_long_run_options(tmp_path):
+    with pytest.raises(TypeError, match="checkpoint must be a folder path"):
+        cr.run(NUTS, jax.random.key(0), X0, 10, checkpoint=3, **KW)
+    with pytest.raises(TypeError, match="monitor must be True or False"):
+        cr.run(NUTS, jax.random.key(0), X0, 10, monitor="yes", **KW)
+    with pytest.raises(ValueError, match="on_bad_init must be one of"):
+        cr.run(NUTS, jax.random.key(0), X0, 10, on_bad_init="ignore", **KW)
+    with pytest.raises(ValueError, match="init_jitter must be a positive number"):
+        cr.run(NUTS, jax.random.key(0), X0, 10, on_bad_init="reinit", init_jitter=-1.0, **KW)
+
+
+def bounded(x):
+    return jnp.where(jnp.all(x > 0), -0.5 * jnp.sum((x - 2.0) ** 2), -jnp.inf)
+
+
+def test_on_bad_init_warn_and_reinit():
+    nuts = blackjax.nuts(bounded, 0.3, jnp.ones(3))
+    start = jnp.full((6, 3), 2.0).at[jnp.array([1, 4]), 0].set(-0.3)
+    with pytest.raises(ValueError, match=r"chain\(s\) \[1, 4\].*on_bad_init=\"reinit\""):
+        cr.run(nuts, jax.random.key(0), start, 10, **KW)
+    with pytest.warns(ChainrunnerWarning, match=r"chain\(s\) \[1, 4\].*anyway"):
+        cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="warn", **KW)
+    with pytest.warns(ChainrunnerWarning, match=r"re-initialising chain\(s\) \[1, 4\]"):
+        trace = cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="reinit",
+                       init_jitter=1.0, **KW)  # fmt: skip
+    assert trace.attrs["reinitialised_chains"] == [1, 4]
+    assert np.all(trace.draws > 0)
+    # Healthy chains keep their start; the same call reinitialises the same way.
+    again = cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="reinit", init_jitter=1.0,
+                   **KW)  # fmt: skip
+    np.testing.assert_array_equal(trace.draws, again.draws)
