@@ -72,6 +72,8 @@ class Checkpoint:
         self.config = config
         self.manifest_path = os.path.join(self.path, "manifest.json")
         self.chunks: list[dict[str, Any]] = []
+        self._executor: Any = None
+        self._future: Any = None
 
     # -- opening -------------------------------------------------------------------
     def open(self) -> None:
@@ -164,6 +166,32 @@ class Checkpoint:
         self._write_manifest()  # the commit point
         if previous is not None:
             os.remove(os.path.join(self.path, previous))
+
+    def write_chunk_async(
+        self, start: int, end: int, groups: dict[str, tuple[int, dict]], state: Any
+    ) -> None:
+        """``write_chunk`` on a writer thread, while the devices run the next chunk.
+
+        At most one write is in flight: this waits for the previous one (and re-raises
+        its error) first, so chunks are committed in order.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.flush(shutdown=False)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="chainrunner-checkpoint")
+        self._future = self._executor.submit(self.write_chunk, start, end, groups, state)
+
+    def flush(self, shutdown: bool = True) -> None:
+        """Waits for the write in flight, if any (re-raising its error)."""
+        future, self._future = self._future, None
+        try:
+            if future is not None:
+                future.result()
+        finally:
+            if shutdown and self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
 
     # -- reading -------------------------------------------------------------------
     def read_chunks(self) -> list[dict[str, tuple[int, dict[str, np.ndarray]]]]:

@@ -318,8 +318,8 @@ def run(
             (for dict draws, e.g. numpyro sites), or a function ``(state, info) ->
             pytree`` replacing the draws. ``None`` stores the kernel's draws.
         checkpoint: a folder: every finished chunk's draws, stats and state are
-            written there (netCDF per chunk, atomically) before the next chunk
-            starts; the same call again with the same folder, after a crash,
+            written there (netCDF per chunk, atomically; on a writer thread while the
+            next chunk runs); the same call again with the same folder, after a crash,
             resumes after the last complete chunk and gives the same draws as an
             uninterrupted run. A folder of another run is an error.
         monitor: show the running split-R-hat (max) and bulk ESS (min) on the
@@ -548,7 +548,7 @@ def run(
                 cut = jax.tree.map(lambda x, src=src: x[:n, src], host)
                 groups[prefix + "posterior"] = (at, flat_dict(cut[0]))
                 groups[prefix + "sample_stats"] = (at, dict(cut[1]))
-            ckpt.write_chunk(lo, hi, groups, _mesh.unpad(out_state, n, layout.padded, mesh))
+            ckpt.write_chunk_async(lo, hi, groups, _mesh.unpad(out_state, n, layout.padded, mesh))
         done["draws"], done["state"] = hi, out_state
         bar.update(count * thinning)
         if lo < warmup_draws <= hi:
@@ -580,6 +580,8 @@ def run(
         interrupted = True
     finally:
         bar.close()
+        if ckpt is not None:
+            ckpt.flush()  # every collected chunk is on disk before run returns
     sampling_time = time.perf_counter() - t0
     state = done["state"]
     steps_done = start_step + done["draws"] * thinning
