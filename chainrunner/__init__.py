@@ -3,6 +3,9 @@
 __version__ = "0.1.0"
 
 from ._chain_map import chain_map as chain_map
+from ._diagnostics import ChainrunnerWarning as ChainrunnerWarning
+from ._diagnostics import Diagnostics as Diagnostics
+from ._diagnostics import diagnose as diagnose
 from ._kernel import Kernel as Kernel
 from ._kernel import from_blackjax as from_blackjax
 from ._mesh import chain_mesh as chain_mesh
@@ -10,13 +13,18 @@ from ._mesh import request_cpu_devices as request_cpu_devices
 from ._run import run as run
 from ._run import sample as sample
 from ._trace import Trace as Trace
+from ._warmup import adapted_parameters as adapted_parameters
 from .adapters import from_numpyro as from_numpyro
 
 __all__ = [
+    "ChainrunnerWarning",
+    "Diagnostics",
     "Kernel",
     "Trace",
+    "adapted_parameters",
     "chain_map",
     "chain_mesh",
+    "diagnose",
     "from_blackjax",
     "from_numpyro",
     "request_cpu_devices",

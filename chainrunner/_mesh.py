@@ -65,9 +65,18 @@ def chain_mesh(
                 )
             devices = available[:num_devices]
     else:
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+            raise TypeError(f"chain_mesh: devices must be a list of jax devices, got {devices!r}.")
         devices = list(devices)
         if not devices:
             raise ValueError("chain_mesh: devices is empty; expected at least one device.")
+        bad = [d for d in devices if not isinstance(d, jax.Device)]
+        if bad:
+            raise TypeError(
+                f"chain_mesh: devices must be jax devices (e.g. jax.devices()[:4]), got {bad[0]!r}."
+            )
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"chain_mesh: devices has duplicates: {devices}.")
     return Mesh(np.asarray(devices, dtype=object), (AXIS,))
 
 

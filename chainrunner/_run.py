@@ -393,8 +393,16 @@ def run(
             f"run: init_jitter must be a positive number or a function, got {init_jitter!r}."
         )
     source = kernel
-    kernel = resolve_kernel(kernel, num_warmup=num_warmup)
     cross_chain = getattr(source, "chainrunner_cross_chain_warmup", None)
+    if (
+        cross_chain is not None
+        and isinstance(initial_position, Trace)
+        and initial_position.kernel_params is not None
+    ):
+        # Continuing a cross-chain-adapted run: sample on with its adapted parameters.
+        kernel = source.kernel(initial_position.kernel_params)
+    else:
+        kernel = resolve_kernel(kernel, num_warmup=num_warmup)
 
     # -- what to start from
     previous = initial_position if isinstance(initial_position, Trace) else None
@@ -623,6 +631,7 @@ def run(
         warmup_stats=w_stats,
         attrs=attrs,
         groups=groups,
+        kernel_params=None if kernel.params is None else jax.device_get(kernel.params),
     )
     if interrupted:
         remaining = start_step + (num_warmup + num_samples) - steps_done
@@ -644,27 +653,16 @@ def run(
 
 def _monitor(draws: Any) -> dict[str, str]:
     """Max split-R-hat and min bulk ESS of the draws so far (for the progress bar)."""
-    import arviz as az
-
     from ._arviz import flat_dict
 
-    rhat, ess = [], []
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # degenerate early chunks: nan, not noise
-        for x in flat_dict(draws).values():
-            x = np.asarray(x, np.float64).reshape(*x.shape[:2], -1)
-            for j in range(min(x.shape[-1], 64)):
-                col = x[..., j]
-                if not np.all(np.isfinite(col)):
-                    continue
-                if x.shape[0] > 1:
-                    rhat.append(float(az.rhat(col)))
-                ess.append(float(az.ess(col, method="bulk")))
+    values = flat_dict(draws)
+    num_chains = next(iter(values.values())).shape[0]
+    rhat, bulk, _ = _diagnostics._arviz_stats(values, np.arange(num_chains))
     out = {}
-    if rhat and not np.all(np.isnan(rhat)):
-        out["rhat"] = f"{np.nanmax(rhat):.3f}"
-    if ess and not np.all(np.isnan(ess)):
-        out["ess"] = f"{np.nanmin(ess):.0f}"
+    for name, found, pick in (("rhat", rhat, np.nanmax), ("ess", bulk, np.nanmin)):
+        found = [v for v in found.values() if np.isfinite(v)]
+        if found:
+            out[name] = f"{pick(found):.3f}" if name == "rhat" else f"{pick(found):.0f}"
     return out
 
 

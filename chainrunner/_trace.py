@@ -27,6 +27,9 @@ class Trace:
         attrs: run metadata: versions, layout, seed, compile and sampling times.
         groups: further ArviZ groups, ``{group: {name: array}}`` (e.g. ``observed_data``,
             ``log_likelihood``), as adapters provide them.
+        kernel_params: the kernel's parameters the run sampled with (``Kernel.params``:
+            model data, or the shared step size of a cross-chain warmup), so that a
+            continued run samples with the same ones.
 
     Example:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -45,13 +48,23 @@ class Trace:
     warmup_stats: dict[str, np.ndarray] | None = None
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+    kernel_params: Any = None
 
     @functools.cached_property
     def diagnostics(self) -> Any:
         """Convergence diagnostics of the draws (R-hat, ESS, divergences, stuck chains...).
 
         Computed with ArviZ on first access; ``run`` warns when they say the run went
-        wrong (unless ``warn=False``). See ``chainrunner._diagnostics.Diagnostics``.
+        wrong (unless ``warn=False``). See ``cr.Diagnostics``.
+
+        Example:
+            >>> import blackjax, jax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
+            >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 2)), 1000,
+            ...                progress=False, warn=False)
+            >>> trace.diagnostics.ok, int(trace.diagnostics.divergences.sum())
+            (True, 0)
         """
         from ._diagnostics import diagnose
 
