@@ -1,4 +1,4 @@
-"""Sessions: tests (3.11 with arviz 0.x, 3.12 with arviz 1.x), lint, demo, bench."""
+"""Sessions: tests (3.11 with arviz 0.x, 3.12 with arviz 1.x), lint, docs, demo, bench."""
 
 import os
 
@@ -33,6 +33,21 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "format", "--check", ".")
     session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Builds the documentation site into site/ with mkdocs --strict (no warnings allowed).
+
+    The pictures in docs/images/ are committed, so the build never samples; first the
+    plotting code of the pages runs (``docs/gen_images.py --check``: the ```py blocks,
+    which tests/test_docs.py does not run). Regenerate the pictures with
+    ``python docs/gen_images.py`` (arviz < 1, matplotlib, rich) after changing a page.
+    """
+    session.install("-e", ".[docs]")
+    session.run("python", "docs/gen_images.py", "--check")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
+                env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
 
 
 @nox.session(python="3.11")

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _mesh
+from . import _distributed, _mesh
 
 
 def leading_size(tree: Any, name: str, where: str) -> int:
@@ -67,9 +67,12 @@ def chain_map(
         A function of the same arguments, each leaf with a leading chain axis. Its
         outputs have that leading axis too, sharded ``NamedSharding(mesh, P('chain'))``
         when the chain count is a multiple of the device count (otherwise no such
-        sharding exists and they are replicated over the mesh).
+        sharding exists and they are replicated over the mesh). With several JAX
+        processes (``jax.distributed``) every process calls it with the same full
+        arguments and gets global arrays back (read them whole with
+        ``jax.experimental.multihost_utils.process_allgather(out, tiled=True)``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> import chainrunner as cr
         >>> g = cr.chain_map(lambda x, y: x * y + 1.0)
@@ -87,6 +90,7 @@ def chain_map(
     def mapped(*args):
         n = leading_size(args, "args", "chain_map")
         m = mesh if mesh is not None else _mesh.chain_mesh()
+        _distributed.check_mesh_spans_processes(m, "chain_map")
         layout = _mesh.make_layout(n, m, batch_size)
         key = (m, len(args), layout.batch_size)
         if key not in compiled:

@@ -12,6 +12,10 @@ Layout of ``PATH/``:
   ``arviz.from_netcdf`` (arviz < 1) or ``xarray.open_datatree`` (arviz >= 1).
 - ``state_000000.npz``: the kernel state after that chunk (what a resume needs).
 
+With several JAX processes (``jax.distributed``) process 0 alone writes the folder,
+holding every chain (the draws and the state are gathered first); every process
+reads it on a resume, so it must be on a filesystem that all of them see.
+
 netCDF via xarray because it is what ArviZ itself reads and writes, and one file per
 chunk, renamed into place, cannot be left half-written by a crash; appending to one
 growing file (netCDF or zarr) can.
@@ -76,8 +80,12 @@ class Checkpoint:
         self._future: Any = None
 
     # -- opening -------------------------------------------------------------------
-    def open(self) -> None:
-        """Creates the folder, or checks an existing manifest against this run's config."""
+    def open(self, create: bool = True) -> None:
+        """Checks an existing manifest against this run's config, or creates the folder.
+
+        ``create=False`` only checks and loads (with several processes every process
+        does that first; then process 0 alone calls ``create``).
+        """
         if os.path.exists(self.manifest_path):
             with open(self.manifest_path) as f:
                 manifest = json.load(f)
@@ -100,6 +108,13 @@ class Checkpoint:
                 f"run: checkpoint={self.path!r} exists, is not empty and has no manifest.json; "
                 "expected a chainrunner checkpoint folder or a new path."
             )
+        if create:
+            self.create()
+
+    def create(self) -> None:
+        """Creates the folder and an empty manifest, unless the manifest exists."""
+        if os.path.exists(self.manifest_path):
+            return
         os.makedirs(self.path, exist_ok=True)
         self._write_manifest()
 

@@ -17,7 +17,7 @@ def eight_schools_logdensity(position):
     ``mu ~ N(0, 5)``, ``tau ~ HalfCauchy(5)``, ``theta_trans ~ N(0, 1)``,
     ``y ~ N(mu + tau * theta_trans, sigma)``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from chainrunner._demo import eight_schools_logdensity
         >>> p = {"mu": 0.0, "log_tau": 0.0, "theta_trans": jnp.zeros(8)}
@@ -43,7 +43,7 @@ def eight_schools_logdensity(position):
 def main(argv: Sequence[str] | None = None) -> None:
     """Runs the demo; see ``python -m chainrunner --help``.
 
-    Example:
+    Examples:
         >>> from chainrunner._demo import main
         >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
         ...       "--no-progress", "--quiet"])

@@ -61,7 +61,7 @@ class Diagnostics:
             draws or in the ``lp`` stat). These chains are left out of R-hat and ESS.
         messages: one short sentence per problem; empty when healthy.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import chainrunner as cr
         >>> from chainrunner._diagnostics import diagnose
@@ -205,7 +205,7 @@ def diagnose(trace: Trace) -> Diagnostics:
     Returns:
         A ``Diagnostics``; ``str()`` of it is the short report.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import chainrunner as cr
         >>> from chainrunner._diagnostics import diagnose
@@ -298,7 +298,7 @@ def warn_if_needed(trace: Trace, *, stacklevel: int = 3) -> None:
         stacklevel: as for ``warnings.warn``; the default points at the caller of
             the function that calls this one (``run``'s caller).
 
-    Example:
+    Examples:
         >>> import warnings
         >>> import numpy as np
         >>> import chainrunner as cr

@@ -59,7 +59,7 @@ def default_logdensity(state: Any) -> jax.Array | None:
 class Kernel(NamedTuple):
     """A Markov kernel as chainrunner runs it: pure functions of one chain.
 
-    Args:
+    Attributes:
         init: ``init(position, rng_key) -> state`` for one chain.
         step: ``step(rng_key, state) -> (state, info)`` for one chain.
         extract: ``extract(state, info) -> (draw, stats)``: what is stored per draw.
@@ -78,7 +78,7 @@ class Kernel(NamedTuple):
         needs_position: ``False`` if ``init`` can start a chain from its key alone
             (``position`` is then ``None`` when ``run`` gets no initial position).
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> def step(rng_key, state):  # an AR(1) chain, stationary N(0, 1)
@@ -193,7 +193,7 @@ def from_blackjax(
         reuse the compiled program. With ``adaptation``: an object ``cr.run`` accepts
         as a kernel, the same one for the same arguments.
 
-    Example:
+    Examples:
         >>> import blackjax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(2))

@@ -17,6 +17,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import _distributed
+
 AXIS = "chain"
 """The name of the mesh axis that chains are spread over."""
 
@@ -40,7 +42,7 @@ def chain_mesh(
         ValueError: for a device count below 1 or above the number of devices, or
             both arguments given.
 
-    Example:
+    Examples:
         >>> import chainrunner as cr
         >>> mesh = cr.chain_mesh(num_devices=1)
         >>> mesh.axis_names
@@ -93,7 +95,7 @@ def request_cpu_devices(n: int) -> None:
     Raises:
         RuntimeError: if JAX's backends are already initialised with another count.
 
-    Example:
+    Examples:
         >>> import chainrunner as cr
         >>> import jax
         >>> cr.request_cpu_devices(len(jax.devices("cpu")))  # already up: same count is fine
@@ -201,14 +203,17 @@ def pad(tree: Any, n: int, padded: int) -> Any:
 
 
 def place(tree: Any, mesh: Mesh) -> Any:
-    """Places every leaf with ``NamedSharding(mesh, P('chain'))``."""
-    sharding = NamedSharding(mesh, P(AXIS))
-    return jax.device_put(tree, sharding)
+    """Places every leaf with ``NamedSharding(mesh, P('chain'))``.
+
+    With several JAX processes the leaves become global arrays, built from the full
+    host value that every process holds (see ``_distributed.global_array``).
+    """
+    return _distributed.put(tree, NamedSharding(mesh, P(AXIS)))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
-    """Places every leaf replicated over the mesh (``P()``)."""
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    """Places every leaf replicated over the mesh (``P()``); global arrays likewise."""
+    return _distributed.put(tree, NamedSharding(mesh, P()))
 
 
 def unpad(tree: Any, n: int, padded: int, mesh: Mesh) -> Any:

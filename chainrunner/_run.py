@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _diagnostics, _kernel, _mesh
+from . import _checkpoint, _diagnostics, _distributed, _kernel, _mesh
 from ._chain_map import check_batch_size, leading_size
 from ._kernel import Kernel
 from ._trace import Trace
@@ -160,8 +160,11 @@ class _Sink:
 def _progress_bar(progress: bool | None, total: int, desc: str):
     from tqdm.auto import tqdm
 
-    # disable=None: on in a terminal, off otherwise.
+    # disable=None: on in a terminal, off otherwise. With several processes only process 0
+    # shows one (they all run the same chunks).
     disable = None if progress is None else not progress
+    if not _distributed.is_main_process():
+        disable = True
     return tqdm(total=total, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
 
 
@@ -343,7 +346,7 @@ def run(
             indices are listed) with ``on_bad_init="raise"``, before the sampling
             loop is compiled; or if ``checkpoint`` holds another run.
 
-    Example:
+    Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(3))
@@ -430,7 +433,10 @@ def run(
             f"run: num_chains={num_chains} but initial_position has {n} chains (leading axis)."
         )
     if mesh is None:
-        mesh = _mesh.chain_mesh(min(n, len(jax.devices())))
+        # Several processes: every process must hold part of the mesh, so use all devices.
+        multi = _distributed.is_multiprocess()
+        mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
+    _distributed.check_mesh_spans_processes(mesh, where)
     layout = _mesh.make_layout(n, mesh, batch_size)
     b = layout.batch_size
 
@@ -492,7 +498,9 @@ def run(
         ckpt = _checkpoint.Checkpoint(
             checkpoint,
             {
-                "fingerprint": _checkpoint.fingerprint(chunk_fn.as_text(), kernel.params),
+                "fingerprint": _checkpoint.fingerprint(
+                    chunk_fn.as_text(), _distributed.to_host(kernel.params)
+                ),
                 "seed": np.asarray(jax.random.key_data(rng_key)).tolist(),
                 "num_chains": n,
                 "num_devices": layout.num_devices,
@@ -507,7 +515,14 @@ def run(
                 "state": _checkpoint.describe_state(state),
             },
         )
-        ckpt.open()
+        # Every process checks and reads the folder (it must be visible to all of them);
+        # only process 0 creates and writes it, once all have looked.
+        multi = _distributed.is_multiprocess()
+        ckpt.open(create=not multi)
+        if multi:
+            _distributed.barrier("chainrunner-checkpoint-checked")
+            if _distributed.is_main_process():
+                ckpt.create()
         names = list(flat_dict(out_like[0]))
         treedef = jax.tree.structure(out_like[0])
         for chunk in ckpt.read_chunks():
@@ -518,11 +533,18 @@ def run(
                     draws = jax.tree.unflatten(treedef, [values[k] for k in names])
                     width = np.shape(values[names[0]])[1]
                     sink.write((draws, stats), at, slice(0, width))
+        if not _distributed.all_equal(ckpt.draws_done):
+            raise ValueError(
+                f"run: checkpoint={os.fspath(checkpoint)!r} looks different from the JAX "
+                "processes (they found different numbers of finished draws): with several "
+                "processes the folder must be on a filesystem that every process sees."
+            )
         if ckpt.chunks:
             first_draw = ckpt.draws_done
             saved = ckpt.read_state(state)  # n chains, as written
             state = _mesh.place(_mesh.pad(saved, n, layout.padded), mesh)
         extra_attrs["resumed_from_draw"] = first_draw
+        _distributed.barrier("chainrunner-checkpoint-read")  # before process 0 writes on
 
     # -- the loop
     bar = _progress_bar(
@@ -543,7 +565,7 @@ def run(
         if hi > warmup_draws:
             a = max(lo, warmup_draws)
             parts.append(("", keep_main, a - warmup_draws, slice(a - lo, hi - lo)))
-        host = jax.device_get((draws, stats)) if parts else None
+        host = _distributed.to_host((draws, stats)) if parts else None
         for _, sink, at, src in parts:
             sink.write(host, at, src)
         if parts and parts[-1][0] == "" and "diverging" in host[1]:
@@ -556,7 +578,12 @@ def run(
                 cut = jax.tree.map(lambda x, src=src: x[:n, src], host)
                 groups[prefix + "posterior"] = (at, flat_dict(cut[0]))
                 groups[prefix + "sample_stats"] = (at, dict(cut[1]))
-            ckpt.write_chunk_async(lo, hi, groups, _mesh.unpad(out_state, n, layout.padded, mesh))
+            ckpt_state = _mesh.unpad(out_state, n, layout.padded, mesh)
+            if _distributed.is_multiprocess():
+                # Gathered here, by every process (a collective); process 0 writes it.
+                ckpt_state = _distributed.to_host(ckpt_state)
+            if _distributed.is_main_process():
+                ckpt.write_chunk_async(lo, hi, groups, ckpt_state)
         done["draws"], done["state"] = hi, out_state
         bar.update(count * thinning)
         if lo < warmup_draws <= hi:
@@ -618,6 +645,7 @@ def run(
         "compile_time": compile_time,
         "sampling_time": sampling_time,
         "layout": layout.describe(),
+        **({"num_processes": jax.process_count()} if _distributed.is_multiprocess() else {}),
         **({"reinitialised_chains": reinit} if reinit else {}),
         **({"interrupted": True} if interrupted else {}),
         **extra_attrs,
@@ -631,7 +659,7 @@ def run(
         warmup_stats=w_stats,
         attrs=attrs,
         groups=groups,
-        kernel_params=None if kernel.params is None else jax.device_get(kernel.params),
+        kernel_params=None if kernel.params is None else _distributed.to_host(kernel.params),
     )
     if interrupted:
         remaining = start_step + (num_warmup + num_samples) - steps_done
@@ -680,7 +708,7 @@ def _initial_state(kernel, mesh, layout, position, init_key, params, on_bad_init
         state, lp = init(*args)
         if kernel.logdensity is None:
             return state, compile_time, reinit
-        lp = np.asarray(lp)[:n]
+        lp = np.asarray(_distributed.to_host(lp))[:n]
         bad = np.flatnonzero(~np.isfinite(lp))
         if not bad.size:
             return state, compile_time, reinit
@@ -791,7 +819,7 @@ def sample(
     Returns:
         ``az.InferenceData`` (arviz < 1) or ``xarray.DataTree`` (arviz >= 1).
 
-    Example:
+    Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))

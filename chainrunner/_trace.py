@@ -31,7 +31,7 @@ class Trace:
             model data, or the shared step size of a cross-chain warmup), so that a
             continued run samples with the same ones.
 
-    Example:
+    Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
@@ -57,7 +57,7 @@ class Trace:
         Computed with ArviZ on first access; ``run`` warns when they say the run went
         wrong (unless ``warn=False``). See ``cr.Diagnostics``.
 
-        Example:
+        Examples:
             >>> import blackjax, jax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
@@ -100,7 +100,7 @@ class Trace:
         Returns:
             ``az.InferenceData`` (arviz < 1) or ``xarray.DataTree`` (arviz >= 1).
 
-        Example:
+        Examples:
             >>> import blackjax, jax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x["a"] ** 2), 0.8, jnp.ones(3))

@@ -28,7 +28,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _mesh
+from . import _distributed, _mesh
 from ._kernel import Kernel, default_extract
 
 __all__ = ["ADAPTATIONS", "WindowState", "adapted_parameters", "from_blackjax_adaptive"]
@@ -267,7 +267,7 @@ class CrossChainAdaptation:
         logdensity_fn: the log density.
         options: the adaptation's options.
 
-    Example:
+    Examples:
         >>> import blackjax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> obj = cr.from_blackjax(blackjax.ghmc, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
@@ -299,7 +299,7 @@ class CrossChainAdaptation:
         Returns:
             A ``cr.Kernel``.
 
-        Example:
+        Examples:
             >>> import blackjax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> obj = cr.from_blackjax(blackjax.dynamic_hmc, adaptation="chees",
@@ -323,7 +323,7 @@ class CrossChainAdaptation:
         Raises:
             ValueError: if ``num_warmup`` is 0.
 
-        Example:
+        Examples:
             >>> import blackjax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> obj = cr.from_blackjax(blackjax.ghmc, adaptation="meads",
@@ -449,7 +449,7 @@ class CrossChainAdaptation:
         Returns:
             ``CrossChainWarmup(state, kernel, draws, stats, attrs)``.
 
-        Example:
+        Examples:
             >>> import blackjax, jax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> obj = cr.from_blackjax(blackjax.ghmc, adaptation="meads",
@@ -475,13 +475,13 @@ class CrossChainAdaptation:
         new_state, params, draws, stats = program(rng_key, state)
         new_state = _mesh.place(new_state, mesh)
         attrs = {"adaptation": self.adaptation}
-        for name, value in jax.device_get(params).items():
+        for name, value in _distributed.to_host(params).items():
             value = np.asarray(jax.tree.leaves(value)[0]) if name != "step_size" else value
             attrs[f"adapted_{name}"] = (
                 float(value) if np.ndim(value) == 0 else np.asarray(value).tolist()
             )
         if draws is not None:
-            draws, stats = jax.device_get((draws, stats))
+            draws, stats = _distributed.to_host((draws, stats))
         from ._run import CrossChainWarmup  # run imports this module lazily: no cycle
 
         return CrossChainWarmup(new_state, self.kernel(params), draws, stats, attrs)
@@ -506,7 +506,7 @@ class WindowAdaptation:
         logdensity_fn: the log density.
         options: the adaptation's options and the extra parameters of the factory.
 
-    Example:
+    Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
@@ -539,7 +539,7 @@ class WindowAdaptation:
         Returns:
             A ``cr.Kernel`` whose state is a ``WindowState``.
 
-        Example:
+        Examples:
             >>> import blackjax, jax.numpy as jnp
             >>> import chainrunner as cr
             >>> w = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -jnp.sum(x**2),
@@ -630,7 +630,7 @@ def from_blackjax_adaptive(
         ValueError, TypeError: for an unknown adaptation, a missing ``logdensity_fn``,
             a factory that does not fit the adaptation, or unknown options.
 
-    Example:
+    Examples:
         >>> import blackjax, jax.numpy as jnp
         >>> from chainrunner._warmup import from_blackjax_adaptive
         >>> f = lambda x: -0.5 * jnp.sum(x**2)
@@ -705,7 +705,7 @@ def adapted_parameters(trace: Any) -> dict[str, np.ndarray]:
     Returns:
         ``{name: numpy array}``.
 
-    Example:
+    Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> from chainrunner._warmup import adapted_parameters
@@ -718,7 +718,7 @@ def adapted_parameters(trace: Any) -> dict[str, np.ndarray]:
     """
     state = trace.final_state
     if isinstance(state, WindowState):
-        a = jax.device_get(state.adaptation)
+        a = _distributed.to_host(state.adaptation)
         return {
             "step_size": np.asarray(a.step_size),
             "inverse_mass_matrix": np.asarray(a.inverse_mass_matrix),

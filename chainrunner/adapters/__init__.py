@@ -14,7 +14,7 @@ def from_numpyro(
 
     See ``chainrunner.adapters._numpyro.from_numpyro`` for the details.
 
-    Example:
+    Examples:
         >>> import numpyro, numpyro.distributions as dist
         >>> import chainrunner as cr
         >>> def model():

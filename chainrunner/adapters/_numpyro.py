@@ -273,7 +273,7 @@ class NumpyroKernel:
         model_args: positional arguments of the model.
         model_kwargs: keyword arguments of the model.
 
-    Example:
+    Examples:
         >>> import numpyro, numpyro.distributions as dist
         >>> import chainrunner as cr
         >>> def model(y):
@@ -316,7 +316,7 @@ class NumpyroKernel:
         Returns:
             A ``cr.Kernel`` whose ``params`` are the array leaves of the model arguments.
 
-        Example:
+        Examples:
             >>> import numpyro, numpyro.distributions as dist
             >>> import chainrunner as cr
             >>> def model():
@@ -355,7 +355,7 @@ class NumpyroKernel:
         Returns:
             ``{site name: numpy array}``; empty for a kernel built from a potential.
 
-        Example:
+        Examples:
             >>> import numpyro, numpyro.distributions as dist
             >>> import chainrunner as cr
             >>> def model(y):
@@ -387,7 +387,7 @@ class NumpyroKernel:
         Returns:
             ``{observed site: numpy array (chain, draw, *site shape)}``.
 
-        Example:
+        Examples:
             >>> import numpy as np, numpyro, numpyro.distributions as dist
             >>> import chainrunner as cr
             >>> def model(y):
@@ -443,7 +443,7 @@ def from_numpyro(
         TypeError: for anything else than the above, an ensemble kernel (AIES, ESS:
             they move all chains together), or malformed ``model_args``/``model_kwargs``.
 
-    Example:
+    Examples:
         >>> import jax, numpyro, numpyro.distributions as dist
         >>> import chainrunner as cr
         >>> def model():

@@ -1,0 +1,34 @@
+"""mkdocs hook: nav entries whose page does not exist (yet) are dropped, not broken.
+
+docs/multi-host.md is written alongside the multi-host support; until it exists the
+site builds without it (``mkdocs build --strict`` would otherwise fail on the nav).
+"""
+
+import logging
+import os
+
+log = logging.getLogger("mkdocs.hooks.chainrunner")
+
+OPTIONAL_PAGES = {"multi-host.md"}
+
+
+def _prune(items, docs_dir):
+    kept = []
+    for item in items:
+        if isinstance(item, dict):
+            ((title, value),) = item.items()
+            if isinstance(value, list):
+                kept.append({title: _prune(value, docs_dir)})
+                continue
+            missing = not os.path.exists(os.path.join(docs_dir, value))
+            if isinstance(value, str) and value in OPTIONAL_PAGES and missing:
+                log.info("nav: %s is not written yet; left out of the nav", value)
+                continue
+        kept.append(item)
+    return kept
+
+
+def on_config(config):
+    if config.nav:
+        config.nav = _prune(config.nav, config.docs_dir)
+    return config
