@@ -22,6 +22,9 @@ def tests(session: nox.Session) -> None:
         "--doctest-modules",
         "-p",
         "no:cacheprovider",
+        # Tests are mostly XLA compilation, one core each: one worker per core.
+        "-n",
+        "auto",
         *session.posargs,
         env={"JAX_NUM_CPU_DEVICES": "8"},
     )

@@ -22,6 +22,7 @@ def _eight_devices():
 def rng():
     return np.random.default_rng(0)
 
+
 # A script the multi-host tests run in subprocesses, not a test module (it would run on
 # import under --doctest-modules).
 collect_ignore = ["multihost_worker.py"]
