@@ -69,7 +69,7 @@ def checkpoint_overhead(quick):
 
     import chainrunner as cr
 
-    dim, chunk, chunks, reps = (50, 4000, 3, 3) if not quick else (10, 100, 2, 1)
+    dim, chunk, chunks, reps = (50, 8000, 3, 3) if not quick else (10, 100, 2, 1)
     nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.25, jnp.ones(dim))
     x0 = jnp.zeros((8, dim))
     kw = {"chunk_size": chunk, "mesh": cr.chain_mesh(2), "progress": False, "warn": False}

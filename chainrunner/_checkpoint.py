@@ -139,30 +139,37 @@ class Checkpoint:
 
         ``groups`` maps an ArviZ group to ``(first draw index in that group, {name: array})``.
         """
-        import xarray as xr
 
         index = len(self.chunks)
         nc = f"chunk_{index:06d}.nc"
         npz = f"state_{index:06d}.npz"
 
         def write_nc(tmp):
-            mode = "w"
-            for group, (offset, values) in groups.items():
-                if not values:
-                    continue
-                width = np.shape(next(iter(values.values())))[1]
-                ds = xr.Dataset(
-                    {
-                        name: (
-                            ("chain", "draw", *(f"{name}_dim_{i}" for i in range(v.ndim - 2))),
-                            v,
-                        )
-                        for name, v in values.items()
-                    },
-                    coords={"draw": np.arange(offset, offset + width)},
-                )
-                ds.to_netcdf(tmp, mode=mode, group=group, engine="h5netcdf")
-                mode = "a"
+            # h5netcdf directly (netCDF-4 groups, as xarray writes them): a third of the
+            # time of Dataset.to_netcdf, which matters when sampling uses every core.
+            import h5netcdf
+
+            with h5netcdf.File(tmp, "w") as f:
+                for group, (offset, values) in groups.items():
+                    if not values:
+                        continue
+                    chains, width = np.shape(next(iter(values.values())))[:2]
+                    g = f.create_group(group)
+                    g.dimensions = {"chain": chains, "draw": width}
+                    g.create_variable("chain", ("chain",), data=np.arange(chains))
+                    g.create_variable("draw", ("draw",), data=np.arange(offset, offset + width))
+                    for name, v in values.items():
+                        v = np.asarray(v)
+                        extra = tuple(f"{name}_dim_{i}" for i in range(v.ndim - 2))
+                        for dim, size in zip(extra, v.shape[2:], strict=True):
+                            g.dimensions[dim] = size
+                        if v.dtype == bool:  # netCDF has no bool: xarray's int8 convention
+                            var = g.create_variable(
+                                name, ("chain", "draw", *extra), data=v.view(np.int8)
+                            )
+                            var.attrs["dtype"] = "bool"
+                        else:
+                            g.create_variable(name, ("chain", "draw", *extra), data=v)
 
         def write_npz(tmp):
             leaves = {}
