@@ -62,8 +62,17 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Runs the benchmark scripts in benchmarks/ (JSON and a table on stdout)."""
+    """The benchmark suite, then the other benchmark scripts in benchmarks/.
+
+    ``bench_suite.py`` writes ``benchmarks/results/suite.json`` and the suite's table in
+    ``docs/benchmarks.md`` (about an hour on 2 CPU cores); ``nox -s bench -- --quick``
+    is a smoke run of every script that leaves the docs alone.
+    """
     session.install("-e", ".")
+    quick = "--quick" in session.posargs
+    suite = os.path.join("benchmarks", "bench_suite.py")
+    session.run("python", suite, *session.posargs, *([] if quick else ["--write-docs"]))
     for script in sorted(os.listdir("benchmarks")):
-        if script.startswith("bench_") and script.endswith(".py"):
-            session.run("python", os.path.join("benchmarks", script), *session.posargs)
+        path = os.path.join("benchmarks", script)
+        if script.startswith("bench_") and script.endswith(".py") and path != suite:
+            session.run("python", path, *(["--quick"] if quick else []))

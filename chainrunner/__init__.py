@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from ._cache import enable_compilation_cache as enable_compilation_cache
 from ._chain_map import chain_map as chain_map
 from ._diagnostics import ChainrunnerWarning as ChainrunnerWarning
 from ._diagnostics import Diagnostics as Diagnostics
@@ -25,6 +26,7 @@ __all__ = [
     "chain_map",
     "chain_mesh",
     "diagnose",
+    "enable_compilation_cache",
     "from_blackjax",
     "from_numpyro",
     "request_cpu_devices",

@@ -38,14 +38,18 @@ def leading_size(tree: Any, name: str, where: str) -> int:
     return int(n)
 
 
-def check_batch_size(batch_size: Any, where: str) -> int | None:
-    if batch_size is None:
-        return None
+def check_batch_size(batch_size: Any, where: str) -> int | str | None:
+    if batch_size is None or batch_size == "auto":
+        return batch_size
+    if isinstance(batch_size, str):
+        raise TypeError(
+            f"{where}: batch_size must be an int >= 1, None or 'auto', got {batch_size!r}."
+        )
     return _mesh._check_int("batch_size", batch_size, minimum=1, where=where)
 
 
 def chain_map(
-    fn: Callable[..., Any], *, mesh: Mesh | None = None, batch_size: int | None = None
+    fn: Callable[..., Any], *, mesh: Mesh | None = None, batch_size: int | str | None = None
 ) -> Callable[..., Any]:
     """Maps ``fn`` over a leading chain axis, spread over the devices of a mesh.
 
@@ -61,7 +65,9 @@ def chain_map(
         fn: a function of per-chain arguments (no chain axis).
         mesh: a mesh with a ``'chain'`` axis; ``None`` means ``chain_mesh()`` over
             all devices, built at the first call.
-        batch_size: chains computed together within one device, or ``None`` for all.
+        batch_size: chains computed together within one device, ``None`` for all, or
+            ``"auto"``: 1 on CPU devices, ``None`` on accelerators (the rule of
+            ``run``, see ``auto_batch_size``).
 
     Returns:
         A function of the same arguments, each leaf with a leading chain axis. Its
@@ -91,7 +97,7 @@ def chain_map(
         n = leading_size(args, "args", "chain_map")
         m = mesh if mesh is not None else _mesh.chain_mesh()
         _distributed.check_mesh_spans_processes(m, "chain_map")
-        layout = _mesh.make_layout(n, m, batch_size)
+        layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m)[0])
         key = (m, len(args), layout.batch_size)
         if key not in compiled:
             local = _mesh.local_map(lambda a: fn(*a), layout.batch_size)

@@ -40,6 +40,12 @@ def eight_schools_logdensity(position):
     )
 
 
+def _batch_size(text: str) -> int | str | None:
+    if text in ("auto", "all"):
+        return None if text == "all" else text
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Runs the demo; see ``python -m chainrunner --help``.
 
@@ -47,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         >>> from chainrunner._demo import main
         >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
         ...       "--no-progress", "--quiet"])
-        layout: 3 chains on 1 device(s), 3 per device, batch_size=all
+        layout: 3 chains on 1 device(s), 3 per device, batch_size=1
     """
     parser = argparse.ArgumentParser(
         prog="python -m chainrunner",
@@ -56,7 +62,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chains", type=int, default=32, help="number of chains (default 32)")
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="chains per vmap on a device (default: all)"
+        "--batch-size",
+        type=_batch_size,
+        default="auto",
+        help="chains advanced together on a device: an int, 'all' (one vmap) or 'auto' "
+        "(the default: 1 on CPU)",
     )
     parser.add_argument("--samples", type=int, default=1000, help="draws per chain")
     parser.add_argument("--warmup", type=int, default=500, help="burn-in steps per chain")

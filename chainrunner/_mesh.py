@@ -172,6 +172,32 @@ class Layout:
         )
 
 
+def auto_batch_size(batch_size: int | str | None, mesh: Mesh) -> tuple[int | None, str]:
+    """Resolves ``batch_size="auto"`` for a mesh; returns the batch size and why.
+
+    The rule, measured on the benchmark suite (``docs/batch-size.md``):
+
+    - **CPU devices: 1.** Each device advances its chains one after another, without
+      ``vmap``. A ``vmap`` makes NUTS's tree-building while loops run until the slowest
+      chain of the batch finishes and turns their branches into selects over the whole
+      state: that program compiles about twice as long (2-3 s more for a small model),
+      and compiling is most of a CPU run's wait. End to end, 1 was faster on every row
+      of the suite; sampling alone, a ``vmap`` was faster where a gradient is a large
+      matrix-vector product (it becomes matrix-matrix), and 1 where trajectory lengths
+      vary.
+    - **Accelerators (GPU, TPU): None.** One ``vmap`` over a device's chains: the width
+      is what keeps an accelerator busy.
+
+    Any other value is returned unchanged.
+    """
+    if batch_size != "auto":
+        return batch_size, "given"  # type: ignore[return-value]
+    platform = mesh.devices.flat[0].platform
+    if platform == "cpu":
+        return 1, "auto: 1 on CPU devices (chains one after another, no vmap)"
+    return None, f"auto: one vmap over a device's chains on {platform}"
+
+
 def make_layout(num_chains: int, mesh: Mesh, batch_size: int | None) -> Layout:
     """Pads ``num_chains`` to ``devices * ceil(ceil(n / devices) / b) * b``.
 
@@ -239,11 +265,21 @@ def local_map(fn: Callable, batch_size: int | None) -> Callable:
     """Maps ``fn`` over the chains held by one device.
 
     ``batch_size=None`` is one ``vmap`` over all local chains; otherwise ``lax.map``
-    with that batch size (a sequential loop over vmapped batches).
+    with that batch size (a sequential loop over vmapped batches). A batch of one chain
+    is not vmapped at all: a plain loop over the chains, whose while loops (NUTS's tree
+    building) stay unbatched. That compiles to about half the code of a vmapped loop
+    and never advances a chain in lockstep with another.
     """
-    if batch_size is None:
-        return jax.vmap(fn)
-    return lambda xs: jax.lax.map(fn, xs, batch_size=batch_size)
+
+    def mapped(xs: Any) -> Any:
+        width = jax.tree.leaves(xs)[0].shape[0]
+        if batch_size == 1 or width == 1:
+            return jax.lax.map(fn, xs)
+        if batch_size is None or batch_size >= width:
+            return jax.vmap(fn)(xs)
+        return jax.lax.map(fn, xs, batch_size=batch_size)
+
+    return mapped
 
 
 def shard_chains(fn: Callable, mesh: Mesh, num_chained: int, num_replicated: int = 0) -> Callable:

@@ -266,7 +266,7 @@ def run(
     num_chains: int | None = None,
     thinning: int = 1,
     mesh: Mesh | None = None,
-    batch_size: int | None = None,
+    batch_size: int | str | None = "auto",
     chunk_size: int | None = None,
     progress: bool | None = None,
     keep_warmup: bool = False,
@@ -311,8 +311,11 @@ def run(
             ``num_warmup``.
         mesh: a mesh with a ``'chain'`` axis; ``None``: ``chain_mesh`` over
             ``min(num_chains, len(jax.devices()))`` devices.
-        batch_size: chains advanced together on one device (``lax.map``); ``None``:
-            all of a device's chains in one ``vmap``.
+        batch_size: chains advanced together on one device (``lax.map`` over batches
+            of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
+            a device's chains in one ``vmap``; ``"auto"`` (the default): 1 on CPU
+            devices, ``None`` on GPU/TPU (see ``docs/batch-size.md``). The choice is
+            recorded in ``attrs["batch_size_choice"]``.
         chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
             how often the progress bar moves and checkpoints are written.
         progress: a progress bar; ``None``: on in a terminal only.
@@ -437,6 +440,7 @@ def run(
         multi = _distributed.is_multiprocess()
         mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
     _distributed.check_mesh_spans_processes(mesh, where)
+    batch_size, batch_choice = _mesh.auto_batch_size(batch_size, mesh)
     layout = _mesh.make_layout(n, mesh, batch_size)
     b = layout.batch_size
 
@@ -637,6 +641,7 @@ def run(
         "padded_chains": layout.padded - n,
         "mesh_shape": [layout.num_devices],
         "batch_size": "all" if b is None else b,
+        "batch_size_choice": batch_choice,
         "chunk_size": chunk_len,
         "thinning": thinning,
         "num_warmup": num_warmup,
