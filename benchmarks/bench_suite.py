@@ -69,7 +69,7 @@ METHODS = (
 )
 MODELS = ("gaussian_50d", "logistic_5000x20", "eight_schools")
 # (warmup, draws) per chain count: the grid's rows must fit in an hour on 2 CPU cores.
-SIZES = {8: (500, 500), 64: (300, 300), 512: (100, 100)}
+SIZES = {8: (500, 500), 64: (200, 200), 512: (100, 100)}
 DOCS_START = "<!-- suite:start -->"
 DOCS_END = "<!-- suite:end -->"
 
@@ -81,6 +81,7 @@ def make_problem(name):
     import numpy as np
     import numpyro
     import numpyro.distributions as dist
+    from numpyro.distributions import constraints
 
     if name == "gaussian_50d":
         rng = np.random.default_rng(0)
@@ -89,9 +90,10 @@ def make_problem(name):
         precision = np.linalg.inv(cov).astype(np.float32)
 
         def gaussian(precision):
-            numpyro.sample(
-                "x", dist.MultivariateNormal(np.zeros(50, np.float32), precision_matrix=precision)
-            )
+            # The density written out (as bench_runner.py's): numpyro's MultivariateNormal
+            # with a precision matrix would factorise it (LAPACK) at every gradient.
+            x = numpyro.sample("x", dist.ImproperUniform(constraints.real_vector, (), (50,)))
+            numpyro.factor("lp", -0.5 * x @ precision @ x)
 
         return gaussian, (precision,), {}
     if name == "logistic_5000x20":
@@ -191,8 +193,10 @@ def min_bulk_ess(draws, num_chains):
         flat[f"v{i}"] = x.reshape((*x.shape[:2], -1))
     if not flat or next(iter(flat.values())).shape[1] < 4:
         return float("nan")
-    ds = az.convert_to_dataset({k: v for k, v in flat.items()})
-    ess = az.ess(ds, method="bulk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "more chains than draws": intended here
+        ds = az.convert_to_dataset({k: v for k, v in flat.items()})
+        ess = az.ess(ds, method="bulk")
     return float(min(np.nanmin(ess[k].values) for k in ess.data_vars))
 
 
@@ -292,14 +296,17 @@ def make_method(method, model, args, kwargs, chains, warmup, draws, ndev):
 
         return run
 
-    if method == "floor":
-        mesh = jax.make_mesh(
-            (min(ndev, chains),), ("chain",), devices=jax.devices()[: min(ndev, chains)]
-        )
-
+    if method in ("floor", "floor[map]"):
+        nd = min(ndev, chains)
+        mesh = jax.make_mesh((nd,), ("chain",), devices=jax.devices()[:nd])
+        one_chain = partial(loop, nuts.sample)
+        if method == "floor":
+            local = jax.vmap(one_chain)
+        else:  # the floor of batch_size=1: chains one after another, no vmap
+            local = partial(jax.lax.map, one_chain)
         program = jax.jit(
             jax.shard_map(
-                jax.vmap(partial(loop, nuts.sample)),
+                local,
                 mesh=mesh, in_specs=P("chain"), out_specs=P("chain"), check_vma=False,
             )
         )  # fmt: skip
@@ -349,7 +356,7 @@ def applicable(method, chains, ndev, opts):
         return "falls back to sequential (chains > devices)"
     if method == "numpyro_sequential" and chains > opts.sequential_max_chains:
         return f"not run above {opts.sequential_max_chains} chains (compiles per chain)"
-    if method == "single_chain" and chains != min(opts.chains):
+    if method == "single_chain" and chains != opts.single_chain_at:
         return "measured once per model (on the smallest chain count)"
     return None
 
@@ -420,13 +427,17 @@ def bench_row(model_name, chains, ndev, opts, counter):
 
 
 def worker(opts):
-    """One device count, in this process."""
+    """Rows of one device count, in this process."""
     import jax
 
     if opts.platform == "cpu":
         jax.config.update("jax_num_cpu_devices", opts.devices)
     os.environ.setdefault("TQDM_DISABLE", "1")
     ndev = len(jax.devices())
+    # JAX's own first-use programs (key handling, small jnp ops), so that the first
+    # method of a row is not charged for them.
+    jax.block_until_ready(jax.random.split(jax.random.key(0), 4))
+    jax.block_until_ready(jax.random.normal(jax.random.split(jax.random.PRNGKey(0))[0], (2,)))
     counter = CompileCounter()
     for model_name in opts.models:
         for chains in opts.chains:
@@ -540,7 +551,7 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--chains", default="8,64,512")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--reps", type=int, default=3, help="warm repetitions per method")
+    parser.add_argument("--reps", type=int, default=2, help="warm repetitions per method")
     parser.add_argument("--sizes", default=None, help="warmup:draws for every chain count")
     parser.add_argument("--sequential-max-chains", type=int, default=8)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "suite.json"))
@@ -549,6 +560,8 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--platform", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--size-map", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--single-chain-at", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--resume", action="store_true", help="skip rows already in --out")
     opts = parser.parse_args()
     if opts.quick:
         opts.devices, opts.chains, opts.reps = "2", "8", 1
@@ -572,6 +585,8 @@ def main():
         opts.sizes = {c: (w, d) for c in opts.chains}
     else:
         opts.sizes = {c: SIZES.get(c, (100, 100)) for c in opts.chains}
+    if opts.single_chain_at is None:
+        opts.single_chain_at = min(opts.chains)
     if opts.worker:
         opts.devices = int(opts.devices)
         return worker(opts)
@@ -583,12 +598,28 @@ def main():
         with open(opts.from_json) as f:
             saved = json.load(f)
         rows, info = saved["results"], saved["machine"]
-    for nd in [] if opts.from_json else opts.devices.split(","):
+    done = set()
+    if opts.resume and os.path.exists(opts.out):
+        with open(opts.out) as f:
+            rows = json.load(f)["results"]
+        done = {(str(r["devices"]), r["model"], r["chains"]) for r in rows}
+    grid = [
+        (nd, model, chains)
+        for nd in opts.devices.split(",")
+        for model in opts.models
+        for chains in opts.chains
+    ]
+    for nd, model, chains in [] if opts.from_json else grid:
+        if (nd, model, chains) in done:
+            continue
+        # One process per row: every row starts from the same state, and XLA's code
+        # mappings (numpyro compiles per call) do not pile up past the OS limit.
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--devices", nd]
-        cmd += ["--models", ",".join(opts.models), "--chains", ",".join(map(str, opts.chains))]
+        cmd += ["--models", model, "--chains", str(chains)]
         cmd += ["--methods", ",".join(opts.methods), "--reps", str(opts.reps)]
         cmd += ["--sequential-max-chains", str(opts.sequential_max_chains)]
         cmd += ["--platform", opts.platform, "--size-map", json.dumps(opts.sizes)]
+        cmd += ["--single-chain-at", str(min(opts.chains))]
         env = dict(os.environ, TQDM_DISABLE="1")
         if opts.platform != "cpu":
             env["JAX_PLATFORMS"] = opts.platform
@@ -600,7 +631,8 @@ def main():
                 with open(opts.out, "w") as f:  # after every row: a cut-short run keeps them
                     json.dump({"machine": info, "results": rows}, f, indent=1)
         if proc.wait():
-            raise SystemExit(f"the worker for {nd} devices failed (exit {proc.returncode})")
+            print(f"# the worker for {model}, {chains} chains, {nd} devices failed "
+                  f"(exit {proc.returncode})", file=sys.stderr)  # fmt: skip
     text = table(rows)
     print()
     print(text)

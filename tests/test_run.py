@@ -241,3 +241,30 @@ def test_legacy_uint32_key_accepted():
     a = cr.run(NUTS, jax.random.PRNGKey(3), x0(2), 10, progress=False)
     b = cr.run(NUTS, jax.random.key(3), x0(2), 10, progress=False)
     np.testing.assert_array_equal(a.draws, b.draws)
+
+
+def test_auto_batch_size_is_one_on_cpu_and_a_vmap_on_accelerators():
+    """``batch_size="auto"`` (the default): 1 on CPU devices, None elsewhere."""
+    trace = cr.run(NUTS, jax.random.key(0), x0(8), 20, mesh=cr.chain_mesh(2), progress=False)
+    assert trace.attrs["batch_size"] == 1 and "auto" in trace.attrs["batch_size_choice"]
+    one = cr.run(NUTS, jax.random.key(0), x0(8), 20, mesh=cr.chain_mesh(2), batch_size=1,
+                 progress=False)  # fmt: skip
+    np.testing.assert_array_equal(trace.draws, one.draws)  # the same program
+    # On CPU the default therefore gives the same draws whatever the device count.
+    eight = cr.run(NUTS, jax.random.key(0), x0(8), 20, mesh=cr.chain_mesh(8), progress=False)
+    np.testing.assert_array_equal(trace.draws, eight.draws)
+
+    class Device:
+        platform = "gpu"
+
+    class Mesh:
+        devices = np.array([Device()])
+
+    from chainrunner import _mesh
+
+    assert _mesh.auto_batch_size("auto", Mesh())[0] is None
+    assert _mesh.auto_batch_size(3, Mesh()) == (3, "given")
+    out = cr.chain_map(lambda x: 2 * x, mesh=cr.chain_mesh(2), batch_size="auto")(jnp.ones(5))
+    np.testing.assert_array_equal(out, 2 * np.ones(5))
+    with pytest.raises(TypeError, match="batch_size must be an int >= 1, None or 'auto'"):
+        cr.run(NUTS, jax.random.key(0), x0(8), 20, batch_size="fast", progress=False)

@@ -123,7 +123,10 @@ def _observed_values(model: Any, args: tuple, kwargs: dict) -> dict[str, np.ndar
         return {
             name: site["value"]
             for name, site in tr.items()
-            if site["type"] == "sample" and site["is_observed"]
+            if site["type"] == "sample"
+            and site["is_observed"]
+            # numpyro.factor terms are observed "Unit" sites, not data
+            and not (site.get("infer") or {}).get("is_auxiliary", False)
         }
 
     found: dict[str, Any] = {}
