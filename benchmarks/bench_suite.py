@@ -182,11 +182,22 @@ class CompileCounter:
         jax.monitoring.register_event_duration_secs_listener(listen)
 
 
+MAX_ESS_CHAINS = 1024
+
+
 def min_bulk_ess(draws, num_chains):
-    """Minimum bulk ESS over the scalar parameters of ``draws`` (leaves (chain, draw, ...))."""
+    """Minimum bulk ESS over the scalar parameters of ``draws`` (leaves (chain, draw, ...)).
+
+    With more than ``MAX_ESS_CHAINS`` chains (the GPU rows), the ESS of the first
+    ``MAX_ESS_CHAINS`` is scaled by ``num_chains / MAX_ESS_CHAINS`` (ESS adds up over
+    independent chains), to keep the host's work and memory bounded.
+    """
     import arviz as az
     import numpy as np
 
+    scale = 1.0
+    if num_chains > MAX_ESS_CHAINS:
+        scale, num_chains = num_chains / MAX_ESS_CHAINS, MAX_ESS_CHAINS
     flat = {}
     for i, x in enumerate(jax_leaves(draws)):
         x = np.asarray(x, np.float64)[:num_chains]
@@ -197,7 +208,7 @@ def min_bulk_ess(draws, num_chains):
         warnings.simplefilter("ignore")  # "more chains than draws": intended here
         ds = az.convert_to_dataset({k: v for k, v in flat.items()})
         ess = az.ess(ds, method="bulk")
-    return float(min(np.nanmin(ess[k].values) for k in ess.data_vars))
+    return scale * float(min(np.nanmin(ess[k].values) for k in ess.data_vars))
 
 
 def jax_leaves(tree):
@@ -554,7 +565,10 @@ def main():
     parser.add_argument("--reps", type=int, default=2, help="warm repetitions per method")
     parser.add_argument("--sizes", default=None, help="warmup:draws for every chain count")
     parser.add_argument("--sequential-max-chains", type=int, default=8)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "suite.json"))
+    parser.add_argument(
+        "--out", default=None, help="results JSON (default benchmarks/results/suite.json; "
+        "suite-quick.json with --quick, suite-gpu.json with --gpu)",
+    )  # fmt: skip
     parser.add_argument("--from-json", default=None, help="only print (and write) the table")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -585,6 +599,9 @@ def main():
         opts.sizes = {c: (w, d) for c in opts.chains}
     else:
         opts.sizes = {c: SIZES.get(c, (100, 100)) for c in opts.chains}
+    if opts.out is None:
+        name = "suite-quick" if opts.quick else "suite-gpu" if opts.gpu else "suite"
+        opts.out = os.path.join(HERE, "results", f"{name}.json")
     if opts.single_chain_at is None:
         opts.single_chain_at = min(opts.chains)
     if opts.worker:
