@@ -39,7 +39,6 @@ import jax
 jax.config.update("jax_num_cpu_devices", int(sys.argv[2]))
 sys.path.insert(0, sys.argv[3])
 from bench_suite import make_problem
-import numpyro
 from numpyro.infer import MCMC, NUTS
 import chainrunner as cr
 method, cache = sys.argv[1], sys.argv[4]

@@ -193,13 +193,14 @@ def min_bulk_ess(draws, num_chains):
     independent chains), to keep the host's work and memory bounded.
     """
     import arviz as az
+    import jax
     import numpy as np
 
     scale = 1.0
     if num_chains > MAX_ESS_CHAINS:
         scale, num_chains = num_chains / MAX_ESS_CHAINS, MAX_ESS_CHAINS
     flat = {}
-    for i, x in enumerate(jax_leaves(draws)):
+    for i, x in enumerate(jax.tree.leaves(draws)):
         x = np.asarray(x, np.float64)[:num_chains]
         flat[f"v{i}"] = x.reshape((*x.shape[:2], -1))
     if not flat or next(iter(flat.values())).shape[1] < 4:
@@ -209,12 +210,6 @@ def min_bulk_ess(draws, num_chains):
         ds = az.convert_to_dataset({k: v for k, v in flat.items()})
         ess = az.ess(ds, method="bulk")
     return scale * float(min(np.nanmin(ess[k].values) for k in ess.data_vars))
-
-
-def jax_leaves(tree):
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 # -- methods ----------------------------------------------------------------------------
