@@ -3,9 +3,10 @@
 What a user waits for after the imports: each measurement is a fresh process that
 builds the model and samples once (``first call``: compile included), then samples
 again with a new seed (``repeat``). Methods: chainrunner (``batch_size="auto"``, and
-``None``), numpyro ``MCMC`` with ``chain_method`` vectorized / parallel / sequential,
-and chainrunner in a second process with the persistent compilation cache
-(``cr.enable_compilation_cache``) warm. Processes of the methods are interleaved, the
+``None``; with its default diagnostics, and without: ``warn=False``), numpyro ``MCMC``
+with ``chain_method`` vectorized / parallel / sequential, and chainrunner in a second
+process with the persistent compilation cache (``cr.enable_compilation_cache``) warm.
+Processes of the methods are interleaved, the
 figures are medians over ``--reps`` processes, and the target ratio is chainrunner's
 first call over the best numpyro method's first call.
 
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = (
     "chainrunner",
     "chainrunner[vmap]",
+    "chainrunner[warn=False]",
     "chainrunner[cache warm]",
     "numpyro_vectorized",
     "numpyro_parallel",
@@ -54,7 +56,7 @@ for seed in (0, 1):
             kernel = cr.from_numpyro(NUTS(model), model_args=args, model_kwargs=kwargs)
         trace = cr.run(kernel, jax.random.key(seed), None, 1000, num_warmup=1000, num_chains=4,
                        batch_size=None if method == "chainrunner[vmap]" else "auto",
-                       progress=False)
+                       warn=method != "chainrunner[warn=False]", progress=False)
         draws = trace.draws
     else:
         if seed == 0:

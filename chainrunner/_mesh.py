@@ -228,13 +228,18 @@ def pad(tree: Any, n: int, padded: int) -> Any:
     return jax.tree.map(_pad, tree)
 
 
+def chain_sharding(mesh: Mesh) -> NamedSharding:
+    """``NamedSharding(mesh, P('chain'))``: how per-chain arrays are laid out."""
+    return NamedSharding(mesh, P(AXIS))
+
+
 def place(tree: Any, mesh: Mesh) -> Any:
     """Places every leaf with ``NamedSharding(mesh, P('chain'))``.
 
     With several JAX processes the leaves become global arrays, built from the full
     host value that every process holds (see ``_distributed.global_array``).
     """
-    return _distributed.put(tree, NamedSharding(mesh, P(AXIS)))
+    return _distributed.put(tree, chain_sharding(mesh))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:

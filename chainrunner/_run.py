@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import types
 import warnings
@@ -47,16 +48,79 @@ def _signature(args: Any) -> tuple:
     return (treedef, *((np.shape(x), x.dtype, getattr(x, "sharding", None)) for x in leaves))
 
 
-def _compiled(program_key: tuple, build: Callable[[], Callable], args: tuple) -> tuple[Any, float]:
-    """The compiled executable for ``args``; returns it and the seconds spent compiling."""
+# Tracing runs the kernel's Python code, and numpyro kernels rebuild their closures while
+# traced: one trace at a time. Lowering and XLA compilation may overlap.
+_TRACE_LOCK = threading.Lock()
+
+
+def _compiled(
+    program_key: tuple,
+    build: Callable[[], Callable],
+    args: tuple,
+    on_traced: Callable[[Any], None] | None = None,
+) -> tuple[Any, float]:
+    """The compiled executable for ``args``; returns it and the seconds spent compiling.
+
+    ``on_traced(out_info)`` is called once the program is traced and before it is
+    compiled (not at all when the executable is cached).
+    """
     program, _ = _lru_get(_PROGRAMS, program_key, build)
     key = (program_key, _signature(args))
     if key in _EXECUTABLES:
         _EXECUTABLES.move_to_end(key)
         return _EXECUTABLES[key], 0.0
     t0 = time.perf_counter()
-    executable, _ = _lru_get(_EXECUTABLES, key, lambda: program.lower(*args).compile())
+    with _TRACE_LOCK:
+        traced = program.trace(*args)
+    if on_traced is not None:
+        on_traced(traced.out_info)
+    executable, _ = _lru_get(_EXECUTABLES, key, lambda: traced.lower().compile())
     return executable, time.perf_counter() - t0
+
+
+def _in_this_context(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` for another thread: it runs only under this thread's jax settings.
+
+    jax's configuration contexts (``jax.enable_x64``, ``jax.default_matmul_precision``,
+    ...) are thread-local; a program traced under other settings would be another
+    program. The returned function does nothing (returns ``None``) when its thread's
+    settings differ, and the caller then compiles on its own thread. ``log_compiles``
+    is carried over.
+    """
+    from jax._src import config
+
+    context = getattr(config, "trace_context", lambda: None)()
+    log = jax.config.jax_log_compiles
+
+    def run() -> Any:
+        if context is None or config.trace_context() != context:
+            return None
+        with jax.log_compiles(log):
+            return fn()
+
+    return run
+
+
+class _Background:
+    """``fn()`` on a daemon thread; ``result()`` waits for it and re-raises its error."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._out.append((True, fn()))
+        except BaseException as error:  # handed to the waiting thread
+            self._out.append((False, error))
+
+    def result(self) -> Any:
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
 
 
 # -- argument checks ------------------------------------------------------------------
@@ -86,48 +150,66 @@ def _check_progress(progress: Any) -> None:
         raise TypeError(f"run: progress must be None, True or False, got {progress!r}.")
 
 
-_derive = jax.jit(
-    jax.vmap(lambda key, i: tuple(jax.random.split(jax.random.fold_in(key, i))), in_axes=(None, 0))
-)
+def _chain_key_pair(rng_key: jax.Array, chain: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Chain ``chain``'s ``(init_key, step_key)``: ``split(fold_in(rng_key, chain))``."""
+    init_key, step_key = jax.random.split(jax.random.fold_in(rng_key, chain))
+    return init_key, step_key
 
 
 def chain_keys(rng_key: jax.Array, num_chains: int) -> tuple[jax.Array, jax.Array]:
-    """Per-chain ``(init_key, step_key)``: chain ``i``'s from ``fold_in(rng_key, i)`` only."""
-    return _derive(rng_key, jnp.arange(num_chains, dtype=jnp.uint32))
+    """Per-chain ``(init_key, step_key)``: chain ``i``'s from ``fold_in(rng_key, i)`` only.
+
+    The compiled programs derive the same keys themselves, from ``rng_key`` and the
+    chain indices (no separate program); this eager form serves re-initialisation.
+    """
+    chains = jnp.arange(num_chains, dtype=jnp.uint32)
+    return jax.vmap(_chain_key_pair, in_axes=(None, 0))(rng_key, chains)
+
+
+def _retry_key(init_key: jax.Array, tries: jax.Array) -> jax.Array:
+    """The init key of a chain re-initialised ``tries`` times (``fold_in`` by try 1, 2, ...)."""
+    return jax.lax.fori_loop(0, tries, lambda j, k: jax.random.fold_in(k, j + 1), init_key)
+
+
+def _chain_ids(n: int, padded: int) -> np.ndarray:
+    """Chain indices ``0..n-1``, padded by repeating the last (as ``_mesh.pad``)."""
+    return np.minimum(np.arange(padded), n - 1).astype(np.uint32)
 
 
 # -- compiled programs ------------------------------------------------------------------
 
 
 def _init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None) -> Callable:
-    def body(position, init_key, params):
+    def body(position, chain, tries, rng_key, params):
         trace_counts["init"] += 1
         k = kernel.bind(params)  # params are replicated, closed over (not mapped)
 
         def one(args):
-            position, key = args
-            state = k.init(position, key)
+            position, chain, tries = args
+            init_key = _retry_key(_chain_key_pair(rng_key, chain)[0], tries)
+            state = k.init(position, init_key)
             lp = k.logdensity(state) if k.logdensity is not None else None
             return state, jnp.zeros(()) if lp is None else jnp.asarray(lp)
 
-        return _mesh.local_map(one, batch_size)((position, init_key))
+        return _mesh.local_map(one, batch_size)((position, chain, tries))
 
-    return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=1)
+    return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=2)
 
 
 def _chunk_program(
     kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any
 ) -> Callable:
-    def body(state, step_key, start, n_valid, params):
+    def body(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
         loop = _kernel.chunk_loop(_apply_keep(kernel.bind(params), keep), chunk_len, thinning)
 
         def one_chain(args):
-            return loop(*args, start, n_valid)
+            state, chain = args
+            return loop(state, _chain_key_pair(rng_key, chain)[1], start, n_valid)
 
-        return _mesh.local_map(one_chain, batch_size)((state, step_key))
+        return _mesh.local_map(one_chain, batch_size)((state, chain))
 
-    return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=3)
+    return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=4)
 
 
 # -- host side --------------------------------------------------------------------------
@@ -398,6 +480,8 @@ def run(
         raise ValueError(
             f"run: init_jitter must be a positive number or a function, got {init_jitter!r}."
         )
+    if warn or monitor:
+        _diagnostics.preload_arviz()  # overlaps the compilation
     source = kernel
     cross_chain = getattr(source, "chainrunner_cross_chain_warmup", None)
     if (
@@ -446,21 +530,54 @@ def run(
 
     # -- keys and initial states
     compile_time = 0.0
-    init_key, step_key = chain_keys(rng_key, n)
-    step_key = _mesh.place(_mesh.pad(step_key, n, layout.padded), mesh)
+    # The programs derive each chain's keys from the key and its index (no key program).
+    chains = _mesh.place(_chain_ids(n, layout.padded), mesh)
+    key = _mesh.replicate(rng_key, mesh)
     params = _mesh.replicate(kernel.params, mesh) if kernel.params is not None else None
+    zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
+    cross_warmup = cross_chain is not None and previous is None and num_warmup > 0
+
+    def chunk_program(kernel, chunk_len, state, params):
+        return _compiled(
+            ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
+            lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
+            (state, chains, key, *zero, params),
+        )
+
+    background = None
+
+    def compile_loop_meanwhile(init_out):
+        # The loop program compiles on a second thread while the initialisation compiles
+        # and runs (XLA compiles one program mostly on one core): the start is checked
+        # as early as before, and the loop is ready sooner.
+        nonlocal background
+        chain_sharding = _mesh.chain_sharding(mesh)
+        state_like = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=chain_sharding),
+            init_out[0],
+        )
+        background = _Background(
+            _in_this_context(lambda: chunk_program(kernel, chunk_len, state_like, params))
+        )
+
+    chunk_len = min((num_warmup + num_samples) // thinning, chunk_size or DEFAULT_CHUNK_SIZE)
     if previous is None:
         state, dt, reinit = _initial_state(
-            kernel, mesh, layout, position, init_key, params, on_bad_init, init_jitter
-        )
+            kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter,
+            on_traced=None if cross_warmup else compile_loop_meanwhile,
+        )  # fmt: skip
         compile_time += dt
     else:
         state = _mesh.place(_mesh.pad(state, n, layout.padded), mesh)
         reinit = []
+    if background is not None:
+        t0 = time.perf_counter()
+        background.result()  # cached now, unless the thread saw other jax settings
+        compile_time += time.perf_counter() - t0
 
     extra_attrs: dict[str, Any] = {}
     cross = None
-    if cross_chain is not None and previous is None and num_warmup > 0:
+    if cross_warmup:
         t0 = time.perf_counter()
         cross = cross_chain(
             rng_key=rng_key,
@@ -480,13 +597,7 @@ def run(
     total_draws = (num_warmup + num_samples) // thinning
     warmup_draws = num_warmup // thinning
     chunk_len = min(total_draws, chunk_size or DEFAULT_CHUNK_SIZE)
-    fn_key = (kernel.functions, mesh, b)
-    zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
-    chunk_fn, dt = _compiled(
-        ("chunk", *fn_key, chunk_len, thinning, keep),
-        lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
-        (state, step_key, *zero, params),
-    )
+    chunk_fn, dt = chunk_program(kernel, chunk_len, state, params)
     compile_time += dt
     out_like = chunk_fn.out_info[1]  # (draws, stats) shapes of one chunk
 
@@ -608,7 +719,7 @@ def run(
             count = min(chunk_len, total_draws - first)
             start = np.int32(start_step + first * thinning)
             start, valid = _mesh.replicate((start, np.int32(count)), mesh)
-            state, out = chunk_fn(state, step_key, start, valid, params)
+            state, out = chunk_fn(state, chains, key, start, valid, params)
             if pending is not None:
                 collect(pending)  # the next chunk is already running on the devices
             pending = (first, count, state, out)
@@ -699,16 +810,33 @@ def _monitor(draws: Any) -> dict[str, str]:
     return out
 
 
-def _initial_state(kernel, mesh, layout, position, init_key, params, on_bad_init, init_jitter):
-    """Initialises every chain; handles non-finite starts as ``on_bad_init`` says."""
+def _initial_state(
+    kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter, on_traced=None
+):
+    """Initialises every chain; handles non-finite starts as ``on_bad_init`` says.
+
+    ``on_traced`` is passed to ``_compiled`` for the init program.
+    """
     n, b = layout.num_chains, layout.batch_size
     fn_key = (kernel.functions, mesh, b)
     compile_time = 0.0
     reinit: list[int] = []
     origin = position  # every retry jitters the user's start afresh (no random walk)
+    chains = _mesh.place(_chain_ids(n, layout.padded), mesh)
+    key = _mesh.replicate(rng_key, mesh)
+    tries = np.zeros(n, np.int32)  # re-initialisations per chain (they change its init key)
     for attempt in range(MAX_REINIT + 1):
-        args = (*_mesh.place(_mesh.pad((position, init_key), n, layout.padded), mesh), params)
-        init, dt = _compiled(("init", *fn_key), lambda: _init_program(kernel, mesh, b), args)
+        args = (
+            _mesh.place(_mesh.pad(position, n, layout.padded), mesh),
+            chains,
+            _mesh.place(tries[_chain_ids(n, layout.padded)], mesh),
+            key,
+            params,
+        )
+        init, dt = _compiled(
+            ("init", *fn_key), lambda: _init_program(kernel, mesh, b), args, on_traced
+        )
+        on_traced = None
         compile_time += dt
         state, lp = init(*args)
         if kernel.logdensity is None:
@@ -741,44 +869,36 @@ def _initial_state(kernel, mesh, layout, position, init_key, params, on_bad_init
                 + (f" {hint}" if hint else "")
             )
         reinit = sorted(set(reinit) | set(bad.tolist()))
-        mask = np.zeros(n, bool)
-        mask[bad] = True
-        position, init_key = _reinit(
-            position, origin, init_key, jnp.asarray(mask), attempt, init_jitter
-        )
+        tries[bad] += 1
+        position = _reinit(position, origin, rng_key, bad, tries, init_jitter)
     raise AssertionError("unreachable")
 
 
-def _reinit(position, origin, init_key, mask, attempt, init_jitter):
-    """New starts for the chains in ``mask``: ``origin`` jittered, and fresh init keys.
+def _reinit(position, origin, rng_key, bad, tries, init_jitter):
+    """New starts for the chains ``bad``: ``origin`` jittered with their new init keys.
 
-    The keys of try ``a`` derive from the chain's init key and ``a`` only.
+    A chain's init key after ``t`` re-initialisations is its init key folded with
+    1, 2, ..., ``t`` (``_retry_key``, as the init program derives it); its jitter uses
+    ``fold_in(that key, 0)``. So the keys of a try derive from the chain's key only.
     """
-    jitter = _jitter_fn(init_jitter)
-
-    def one(pos, org, key, bad):
-        new_key = jax.random.fold_in(key, attempt + 1)
-        new_pos = None if pos is None else jitter(jax.random.fold_in(new_key, 0), org)
-        pick = lambda new, old: jnp.where(bad, new, old)  # noqa: E731
-        key_out = jax.random.wrap_key_data(
-            pick(jax.random.key_data(new_key), jax.random.key_data(key)),
-            impl=jax.random.key_impl(key),
-        )
-        if pos is None:
-            return None, key_out
-        return jax.tree.map(pick, new_pos, pos), key_out
-
     warnings.warn(
-        f"run: re-initialising chain(s) {np.flatnonzero(np.asarray(mask)).tolist()} "
+        f"run: re-initialising chain(s) {bad.tolist()} "
         "(non-finite log density at the start; on_bad_init='reinit').",
         _diagnostics.ChainrunnerWarning,
         stacklevel=4,
     )
-    if position is None:
-        _, keys = jax.vmap(lambda k, m: one(None, None, k, m))(init_key, mask)
-        return None, keys
-    new_pos, keys = jax.vmap(one)(position, origin, init_key, mask)
-    return new_pos, keys
+    if position is None:  # the kernel initialises itself: the new init keys suffice
+        return None
+    jitter = _jitter_fn(init_jitter)
+    mask = np.zeros(len(tries), bool)
+    mask[bad] = True
+    init_keys = jax.vmap(_retry_key)(chain_keys(rng_key, len(tries))[0], jnp.asarray(tries))
+
+    def one(pos, org, key, is_bad):
+        new = jitter(jax.random.fold_in(key, 0), org)
+        return jax.tree.map(lambda a, b: jnp.where(is_bad, a, b), new, pos)
+
+    return jax.vmap(one)(position, origin, init_keys, jnp.asarray(mask))
 
 
 def kernel_groups(kernel: Kernel) -> dict:

@@ -271,3 +271,26 @@ def test_on_bad_init_reinit_restarts_those_chains():
     assert np.all(trace.draws > 0)  # the chains only move inside the support
     again = cr.run(HALF, KEY, start, 10, progress=False, warn=False, on_bad_init="reinit")
     np.testing.assert_array_equal(again.draws, trace.draws)  # new starts come from the key
+
+
+PRELOAD = """
+import sys, jax, jax.numpy as jnp, numpy as np, blackjax
+import chainrunner as cr
+from chainrunner import _diagnostics
+nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
+x0 = np.zeros((2, 2), np.float32)
+cr.run(nuts, jax.random.key(0), x0, 20, progress=False, warn=False)
+assert "arviz" not in sys.modules and not _diagnostics._preload
+trace = cr.run(nuts, jax.random.key(0), x0, 20, progress=False)
+assert [t.name for t in _diagnostics._preload] == ["chainrunner-import-arviz"]
+assert "arviz" in sys.modules and trace.diagnostics.rhat
+print("ok")
+"""
+
+
+def test_run_imports_arviz_in_the_background_only_when_it_diagnoses():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PRELOAD], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -206,6 +206,46 @@ def test_second_call_compiles_nothing(caplog):
     assert compiles(15, x0(10, seed=2)) == []
 
 
+def test_first_call_compiles_only_the_init_and_the_loop(caplog):
+    """Chain keys derive inside the two programs: no helper program compiles."""
+    nuts = blackjax.nuts(std_normal, 0.7, jnp.ones(3))  # a new kernel: nothing is cached
+    start, key = np.zeros((8, 3), np.float32), jax.random.key(16)  # 8 chains: no padding
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+        cr.run(nuts, key, start, 30, mesh=cr.chain_mesh(4), chunk_size=10, progress=False)
+    done = [r.getMessage() for r in caplog.records]
+    done = [m for m in done if m.startswith("Finished XLA compilation")]
+    assert len(done) == 2, done
+
+
+def test_loop_compiled_alongside_the_init_under_the_callers_jax_settings():
+    """The loop program compiles on a second thread under the caller's thread-local jax
+    settings (here float64), and is the program the run then uses: two compilations."""
+    compiled = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    with jax.enable_x64(True):
+        nuts = blackjax.nuts(std_normal, 0.7, jnp.ones(3, jnp.float64))
+        start, key = np.zeros((4, 3), np.float64), jax.random.key(17)
+        compiled.clear()
+        trace = cr.run(nuts, key, start, 30, mesh=cr.chain_mesh(2), chunk_size=10,
+                       progress=False, warn=False)  # fmt: skip
+    assert len(compiled) == 2, compiled
+    assert trace.draws.dtype == np.float64 and trace.attrs["compile_time"] > 0
+
+
+def test_retry_keys_fold_in_each_try():
+    init, _ = _run.chain_keys(jax.random.key(3), 3)
+    got = jax.vmap(_run._retry_key)(init, jnp.asarray([0, 1, 3]))
+    fold = jax.random.fold_in
+    want = [init[0], fold(init[1], 1), fold(fold(fold(init[2], 1), 2), 3)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(jax.random.key_data(g), jax.random.key_data(w))
+
+
 def test_non_finite_start_names_the_chains():
     def logdensity(x):
         return jnp.where(x[0] > 0, std_normal(x), -jnp.inf)
