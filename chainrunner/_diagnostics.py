@@ -8,7 +8,6 @@ the calls are the same under arviz 0.x and arviz >= 1 (arviz_stats): a dict of
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import warnings
@@ -40,21 +39,18 @@ def preload_arviz() -> None:
 
     ``run`` calls this before compiling when it will diagnose the run: importing
     ArviZ takes about a second (xarray, pandas, scipy.stats, matplotlib), which then
-    runs while XLA compiles instead of after the sampling. The thread runs at the
-    lowest priority, so it takes the cycles the compiler leaves (measured on eight
-    schools, 2 cores: the first call took 3.5 s with the import, 3.5 s without
-    diagnostics, 3.9 s at normal priority and 4.7 s importing afterwards). The first
-    use of ArviZ waits for the import to finish (Python's import lock); if it
-    failed, that use imports again and raises as usual.
+    runs while XLA compiles instead of after the sampling (eight schools, 2 cores:
+    a first call took 3.9 s, against 4.6 s importing after the run and 3.3 s without
+    diagnostics; see docs/compilation.md). The thread keeps the normal priority: at
+    the lowest one the first call took 4.3 s, since the import then waits for the
+    compilations and the run waits for the import. The first use of ArviZ waits for
+    the import to finish (Python's import lock); if it failed, that use imports again
+    and raises as usual.
     """
     if _preload or "arviz" in sys.modules:
         return
 
     def load() -> None:
-        try:  # lowest priority (Linux: per thread): the compiler threads come first
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
         try:
             import arviz  # noqa: F401
         except Exception:  # the next `import arviz` raises it again

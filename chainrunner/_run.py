@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -33,19 +34,32 @@ _EXECUTABLES: OrderedDict[tuple, Any] = OrderedDict()
 trace_counts: dict[str, int] = {"init": 0, "chunk": 0}
 
 
+# The caches are shared with the thread that compiles a run's loop (``_Background``).
+_CACHE_LOCK = threading.RLock()
+_PENDING: dict[tuple, threading.Event] = {}  # executables being compiled, by key
+
+
 def _lru_get(cache: OrderedDict, key: tuple, build: Callable[[], Any]) -> tuple[Any, bool]:
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key], False
-    value = cache[key] = build()
-    while len(cache) > _CACHE_MAX:
-        cache.popitem(last=False)
-    return value, True
+    """``cache[key]``, built (under the cache lock) if missing; least recent dropped."""
+    with _CACHE_LOCK:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key], False
+        value = cache[key] = build()
+        while len(cache) > _CACHE_MAX:
+            cache.popitem(last=False)
+        return value, True
 
 
 def _signature(args: Any) -> tuple:
     leaves, treedef = jax.tree.flatten(args)
-    return (treedef, *((np.shape(x), x.dtype, getattr(x, "sharding", None)) for x in leaves))
+    return (
+        treedef,
+        *(
+            (np.shape(x), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None))
+            for x in leaves
+        ),
+    )
 
 
 # Tracing runs the kernel's Python code, and numpyro kernels rebuild their closures while
@@ -61,31 +75,46 @@ def _compiled(
 ) -> tuple[Any, float]:
     """The compiled executable for ``args``; returns it and the seconds spent compiling.
 
-    ``on_traced(out_info)`` is called once the program is traced and before it is
-    compiled (not at all when the executable is cached).
+    If another thread is compiling the same executable, waits for it (the seconds
+    waited count as compiling). ``on_traced(out_info)`` is called once the program is
+    traced and before it is compiled (not at all when the executable is cached).
     """
     program, _ = _lru_get(_PROGRAMS, program_key, build)
     key = (program_key, _signature(args))
-    if key in _EXECUTABLES:
-        _EXECUTABLES.move_to_end(key)
-        return _EXECUTABLES[key], 0.0
     t0 = time.perf_counter()
-    with _TRACE_LOCK:
-        traced = program.trace(*args)
-    if on_traced is not None:
-        on_traced(traced.out_info)
-    executable, _ = _lru_get(_EXECUTABLES, key, lambda: traced.lower().compile())
+    while True:
+        with _CACHE_LOCK:
+            if key in _EXECUTABLES:
+                _EXECUTABLES.move_to_end(key)
+                waited = time.perf_counter() - t0
+                return _EXECUTABLES[key], waited if waited > 1e-3 else 0.0
+            pending = _PENDING.get(key)
+            if pending is None:
+                pending = _PENDING[key] = threading.Event()
+                break
+        pending.wait()  # then look again: it is cached, or that compile failed
+    try:
+        with _TRACE_LOCK:
+            traced = program.trace(*args)
+        if on_traced is not None:
+            on_traced(traced.out_info)
+        executable = traced.lower().compile()
+        _lru_get(_EXECUTABLES, key, lambda: executable)
+    finally:
+        with _CACHE_LOCK:
+            del _PENDING[key]
+        pending.set()
     return executable, time.perf_counter() - t0
 
 
 def _in_this_context(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` for another thread: it runs only under this thread's jax settings.
 
-    jax's configuration contexts (``jax.enable_x64``, ``jax.default_matmul_precision``,
-    ...) are thread-local; a program traced under other settings would be another
-    program. The returned function does nothing (returns ``None``) when its thread's
-    settings differ, and the caller then compiles on its own thread. ``log_compiles``
-    is carried over.
+    jax's configuration contexts (``with jax.enable_x64(True)``,
+    ``jax.default_matmul_precision``, ...) are thread-local, and a program traced under
+    other settings would be another program. So the returned function does nothing
+    when this thread has such a context in force (its settings differ from the new
+    thread's), and the caller compiles on its own thread. ``log_compiles`` is carried.
     """
     from jax._src import config
 
@@ -101,26 +130,38 @@ def _in_this_context(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
-class _Background:
-    """``fn()`` on a daemon thread; ``result()`` waits for it and re-raises its error."""
+_THREADS: list[threading.Thread] = []
 
-    def __init__(self, fn: Callable[[], Any]):
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+
+def _join_at_exit() -> None:
+    # A compile still running when the interpreter exits would race jax's own clean-up
+    # of the backends: let it finish first (atexit runs this before jax's handler).
+    for thread in _THREADS:
+        thread.join()
+
+
+class _Background:
+    """``fn()`` on a daemon thread named ``name``, joined at exit; its errors are dropped.
+
+    ``traced`` is an event that ``fn`` sets once it has traced what it compiles; it is
+    set when ``fn`` ends, too.
+    """
+
+    def __init__(self, fn: Callable[[], Any], name: str, traced: threading.Event):
+        self.traced = traced
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        if not _THREADS:
+            atexit.register(_join_at_exit)
+        _THREADS[:] = [t for t in _THREADS if t.is_alive()] + [self._thread]
         self._thread.start()
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
-            self._out.append((True, fn()))
-        except BaseException as error:  # handed to the waiting thread
-            self._out.append((False, error))
-
-    def result(self) -> Any:
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
+            fn()
+        except BaseException:  # the calling thread compiles it again, and raises
+            pass
+        finally:
+            self.traced.set()
 
 
 # -- argument checks ------------------------------------------------------------------
@@ -428,8 +469,10 @@ def run(
     Raises:
         TypeError, ValueError: for bad arguments, before any compilation.
         ValueError: also if some chains start at a non-finite log density (their
-            indices are listed) with ``on_bad_init="raise"``, before the sampling
-            loop is compiled; or if ``checkpoint`` holds another run.
+            indices are listed) with ``on_bad_init="raise"``, as soon as the chains
+            are initialised, without waiting for the sampling loop to compile (that
+            compile goes on, on a second thread, and is cached for the next call);
+            or if ``checkpoint`` holds another run.
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -537,43 +580,49 @@ def run(
     zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
     cross_warmup = cross_chain is not None and previous is None and num_warmup > 0
 
-    def chunk_program(kernel, chunk_len, state, params):
-        return _compiled(
-            ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
-            lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
-            (state, chains, key, *zero, params),
-        )
-
     background = None
 
     def compile_loop_meanwhile(init_out):
         # The loop program compiles on a second thread while the initialisation compiles
         # and runs (XLA compiles one program mostly on one core): the start is checked
-        # as early as before, and the loop is ready sooner.
+        # as early as before, and the loop is ready sooner. The loop's compile below
+        # waits for it.
         nonlocal background
         chain_sharding = _mesh.chain_sharding(mesh)
         state_like = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=chain_sharding),
+            lambda s: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=chain_sharding, weak_type=s.weak_type
+            ),
             init_out[0],
         )
-        background = _Background(
-            _in_this_context(lambda: chunk_program(kernel, chunk_len, state_like, params))
-        )
+
+        traced = threading.Event()
+
+        def compile_loop():
+            _compiled(
+                ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
+                lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
+                (state_like, chains, key, *zero, params),
+                lambda _: traced.set(),
+            )
+
+        background = _Background(_in_this_context(compile_loop), "chainrunner-compile-loop", traced)
 
     chunk_len = min((num_warmup + num_samples) // thinning, chunk_size or DEFAULT_CHUNK_SIZE)
     if previous is None:
-        state, dt, reinit = _initial_state(
-            kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter,
-            on_traced=None if cross_warmup else compile_loop_meanwhile,
-        )  # fmt: skip
+        try:
+            state, dt, reinit = _initial_state(
+                kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter,
+                on_traced=None if cross_warmup else compile_loop_meanwhile,
+            )  # fmt: skip
+        except BaseException:
+            if background is not None:
+                background.traced.wait()  # its compile goes on, and lands in the cache
+            raise
         compile_time += dt
     else:
         state = _mesh.place(_mesh.pad(state, n, layout.padded), mesh)
         reinit = []
-    if background is not None:
-        t0 = time.perf_counter()
-        background.result()  # cached now, unless the thread saw other jax settings
-        compile_time += time.perf_counter() - t0
 
     extra_attrs: dict[str, Any] = {}
     cross = None
@@ -597,7 +646,11 @@ def run(
     total_draws = (num_warmup + num_samples) // thinning
     warmup_draws = num_warmup // thinning
     chunk_len = min(total_draws, chunk_size or DEFAULT_CHUNK_SIZE)
-    chunk_fn, dt = chunk_program(kernel, chunk_len, state, params)
+    chunk_fn, dt = _compiled(
+        ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
+        lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
+        (state, chains, key, *zero, params),
+    )
     compile_time += dt
     out_like = chunk_fn.out_info[1]  # (draws, stats) shapes of one chunk
 

@@ -1,6 +1,7 @@
 """run: statistics, reproducibility, chunking, continuation, caching."""
 
 import logging
+import threading
 
 import blackjax
 import jax
@@ -217,24 +218,61 @@ def test_first_call_compiles_only_the_init_and_the_loop(caplog):
     assert len(done) == 2, done
 
 
-def test_loop_compiled_alongside_the_init_under_the_callers_jax_settings():
-    """The loop program compiles on a second thread under the caller's thread-local jax
-    settings (here float64), and is the program the run then uses: two compilations."""
-    compiled = []
+_COMPILED: list[str] = []  # the threads that compiled, while a test listens
 
-    def listen(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(duration)
 
-    jax.monitoring.register_event_duration_secs_listener(listen)
+def _listen(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILED.append(threading.current_thread().name)
+
+
+jax.monitoring.register_event_duration_secs_listener(_listen)
+
+
+def test_loop_compiles_on_a_second_thread_while_the_init_compiles():
+    nuts = blackjax.nuts(std_normal, 0.6, jnp.ones(3))  # a new kernel: nothing is cached
+    start, key = np.zeros((4, 3), np.float32), jax.random.key(18)
+    _COMPILED.clear()
+    trace = cr.run(nuts, key, start, 30, mesh=cr.chain_mesh(2), chunk_size=10, progress=False)
+    assert sorted(_COMPILED) == sorted([threading.current_thread().name,
+                                        "chainrunner-compile-loop"])  # fmt: skip
+    assert trace.attrs["compile_time"] > 0
+    _COMPILED.clear()
+    cr.run(nuts, key, start, 30, mesh=cr.chain_mesh(2), chunk_size=10, progress=False)
+    assert _COMPILED == []
+
+
+def test_under_thread_local_jax_settings_the_loop_compiles_on_the_calling_thread():
+    """jax's config contexts are thread-local: under one (here float64) the loop is not
+    compiled on the second thread, whose settings differ, but after the init as before."""
     with jax.enable_x64(True):
         nuts = blackjax.nuts(std_normal, 0.7, jnp.ones(3, jnp.float64))
         start, key = np.zeros((4, 3), np.float64), jax.random.key(17)
-        compiled.clear()
+        _COMPILED.clear()
         trace = cr.run(nuts, key, start, 30, mesh=cr.chain_mesh(2), chunk_size=10,
                        progress=False, warn=False)  # fmt: skip
-    assert len(compiled) == 2, compiled
-    assert trace.draws.dtype == np.float64 and trace.attrs["compile_time"] > 0
+    assert _COMPILED == [threading.current_thread().name] * 2
+    assert trace.draws.dtype == np.float64
+
+
+def test_a_bad_start_is_reported_while_the_loop_still_compiles():
+    def logdensity(x):
+        return jnp.where(x[0] > 0, std_normal(x), -jnp.inf)
+
+    nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(3))
+    start = np.ones((4, 3), np.float32)
+    start[2, 0] = -1.0
+    counts = dict(_run.trace_counts)
+    with pytest.raises(ValueError, match=r"chain\(s\) \[2\]"):
+        cr.run(nuts, jax.random.key(0), start, 30, mesh=cr.chain_mesh(2), progress=False)
+    # The loop was traced before run raised (nothing is traced later, behind a test's back)
+    assert _run.trace_counts["chunk"] == counts["chunk"] + 1
+    # and its compile lands in the cache: the corrected run compiles nothing more.
+    start[2, 0] = 1.0
+    trace = cr.run(nuts, jax.random.key(0), start, 30, mesh=cr.chain_mesh(2), progress=False,
+                   warn=False)  # fmt: skip
+    assert _run.trace_counts["chunk"] == counts["chunk"] + 1
+    assert trace.draws.shape == (4, 30, 3)
 
 
 def test_retry_keys_fold_in_each_try():
