@@ -1005,6 +1005,7 @@ def sample(
         >>> data.posterior["x"].shape
         (4, 100, 2)
     """
+    _diagnostics.preload_arviz()  # to_arviz needs it, whatever `warn` says
     return run(kernel, rng_key, initial_position, num_samples, **options).to_arviz(
         coords=coords, dims=dims
     )
