@@ -580,6 +580,14 @@ def run(
     zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
     cross_warmup = cross_chain is not None and previous is None and num_warmup > 0
 
+    def compile_chunk(kernel, chunk_len, state, params, on_traced=None):
+        return _compiled(
+            ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
+            lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
+            (state, chains, key, *zero, params),
+            on_traced,
+        )
+
     background = None
 
     def compile_loop_meanwhile(init_out):
@@ -599,12 +607,7 @@ def run(
         traced = threading.Event()
 
         def compile_loop():
-            _compiled(
-                ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
-                lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
-                (state_like, chains, key, *zero, params),
-                lambda _: traced.set(),
-            )
+            compile_chunk(kernel, chunk_len, state_like, params, lambda _: traced.set())
 
         background = _Background(_in_this_context(compile_loop), "chainrunner-compile-loop", traced)
 
@@ -612,8 +615,8 @@ def run(
     if previous is None:
         try:
             state, dt, reinit = _initial_state(
-                kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter,
-                on_traced=None if cross_warmup else compile_loop_meanwhile,
+                kernel, mesh, layout, position, rng_key, chains, key, params, on_bad_init,
+                init_jitter, on_traced=None if cross_warmup else compile_loop_meanwhile,
             )  # fmt: skip
         except BaseException:
             if background is not None:
@@ -646,11 +649,7 @@ def run(
     total_draws = (num_warmup + num_samples) // thinning
     warmup_draws = num_warmup // thinning
     chunk_len = min(total_draws, chunk_size or DEFAULT_CHUNK_SIZE)
-    chunk_fn, dt = _compiled(
-        ("chunk", kernel.functions, mesh, b, chunk_len, thinning, keep),
-        lambda: _chunk_program(kernel, mesh, b, chunk_len, thinning, keep),
-        (state, chains, key, *zero, params),
-    )
+    chunk_fn, dt = compile_chunk(kernel, chunk_len, state, params)
     compile_time += dt
     out_like = chunk_fn.out_info[1]  # (draws, stats) shapes of one chunk
 
@@ -864,19 +863,20 @@ def _monitor(draws: Any) -> dict[str, str]:
 
 
 def _initial_state(
-    kernel, mesh, layout, position, rng_key, params, on_bad_init, init_jitter, on_traced=None
-):
+    kernel, mesh, layout, position, rng_key, chains, key, params, on_bad_init, init_jitter,
+    on_traced=None,
+):  # fmt: skip
     """Initialises every chain; handles non-finite starts as ``on_bad_init`` says.
 
-    ``on_traced`` is passed to ``_compiled`` for the init program.
+    ``chains`` and ``key`` are the placed chain indices and the replicated ``rng_key``
+    (as the loop program gets them); ``on_traced`` is passed to ``_compiled`` for the
+    init program.
     """
     n, b = layout.num_chains, layout.batch_size
     fn_key = (kernel.functions, mesh, b)
     compile_time = 0.0
     reinit: list[int] = []
     origin = position  # every retry jitters the user's start afresh (no random walk)
-    chains = _mesh.place(_chain_ids(n, layout.padded), mesh)
-    key = _mesh.replicate(rng_key, mesh)
     tries = np.zeros(n, np.int32)  # re-initialisations per chain (they change its init key)
     for attempt in range(MAX_REINIT + 1):
         args = (
