@@ -65,14 +65,19 @@ def bench(session: nox.Session) -> None:
     """The benchmark suite, then the other benchmark scripts in benchmarks/.
 
     ``bench_suite.py`` writes ``benchmarks/results/suite.json`` and the suite's table in
-    ``docs/benchmarks.md`` (about an hour on 2 CPU cores); ``nox -s bench -- --quick``
-    is a smoke run of every script that leaves the docs alone.
+    ``docs/benchmarks.md`` (about an hour on 2 CPU cores), ``bench_overhead.py``
+    ``overhead.json`` and the row-by-row overhead table (about 35 minutes);
+    ``nox -s bench -- --quick`` is a smoke run of every script that leaves the docs alone.
     """
     session.install("-e", ".")
     quick = "--quick" in session.posargs
+    # The suite and the row-by-row overhead write their tables into docs/benchmarks.md
+    # (not on a smoke run); the suite takes the session's arguments (--gpu, --reps, ...).
     suite = os.path.join("benchmarks", "bench_suite.py")
+    overhead = os.path.join("benchmarks", "bench_overhead.py")
     session.run("python", suite, *session.posargs, *([] if quick else ["--write-docs"]))
+    session.run("python", overhead, "--quick" if quick else "--write-docs")
     for script in sorted(os.listdir("benchmarks")):
         path = os.path.join("benchmarks", script)
-        if script.startswith("bench_") and script.endswith(".py") and path != suite:
+        if script.startswith("bench_") and script.endswith(".py") and path not in (suite, overhead):
             session.run("python", path, *(["--quick"] if quick else []))
