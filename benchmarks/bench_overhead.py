@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -46,7 +45,14 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_suite import MODELS, SIZES, machine  # noqa: E402
+from bench_suite import (  # noqa: E402
+    MODELS,
+    SIZES,
+    command_line,
+    machine,
+    run_worker,
+    write_docs,
+)
 
 PAIRS = (("chainrunner[vmap]", "floor"), ("chainrunner[batch=1]", "floor[map]"))
 TARGET = 1.05
@@ -160,24 +166,6 @@ def table(rows):
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text, command, info):
-    path = os.path.join(ROOT, "docs", "benchmarks.md")
-    with open(path) as f:
-        page = f.read()
-    if DOCS_START not in page or DOCS_END not in page:
-        raise SystemExit(f"{path} has no {DOCS_START} ... {DOCS_END} section to update")
-    head, rest = page.split(DOCS_START, 1)
-    _, tail = rest.split(DOCS_END, 1)
-    block = (
-        f"{DOCS_START}\n"
-        f"Machine: {info['cpu']}; Python {info['python']}, jax {info['jax']}, numpyro "
-        f"{info['numpyro']}; measured {info['date']}.\n\n"
-        f"```bash\n{command}\n```\n\n{text}{DOCS_END}"
-    )
-    with open(path, "w") as f:
-        f.write(head + block + tail)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small row, few reps")
@@ -220,35 +208,20 @@ def main():
         with open(opts.from_json) as f:
             saved = json.load(f)
         rows, info = saved["results"], saved["machine"]
+    os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     grid = [(nd, m, c) for nd in opts.devices.split(",") for m in opts.models for c in opts.chains]
     for nd, model, chains in [] if opts.from_json else grid:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--devices", nd]
         cmd += ["--models", model, "--chains", str(chains), "--budget", str(opts.budget)]
         cmd += ["--min-reps", str(opts.min_reps), "--max-reps", str(opts.max_reps)]
         cmd += ["--size-map", json.dumps(opts.sizes)]
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, TQDM_DISABLE="1")
-        )
-        for line in proc.stdout:
-            if line.startswith("#ROW "):
-                rows.append(json.loads(line[5:]))
-                print(line[5:].strip(), flush=True)
-                os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-                with open(opts.out, "w") as f:  # after every row: a cut-short run keeps them
-                    json.dump({"machine": info, "results": rows}, f, indent=1)
-        if proc.wait():
-            print(f"# the worker for {model}, {chains} chains, {nd} devices failed "
-                  f"(exit {proc.returncode})", file=sys.stderr)  # fmt: skip
+        env = dict(os.environ, TQDM_DISABLE="1")
+        run_worker(cmd, env, f"{model}, {chains} chains, {nd} devices", rows, opts.out, info)
     text = table(rows)
     print()
     print(text)
     if opts.write_docs:
-        args = sys.argv[1:]
-        if "--from-json" in args:  # the command that measured them
-            i = args.index("--from-json")
-            del args[i : i + 2]
-        command = "python benchmarks/bench_overhead.py " + " ".join(args)
-        write_docs(text, command.strip(), info)
+        write_docs(text, command_line(), info, DOCS_START, DOCS_END)
 
 
 if __name__ == "__main__":

@@ -531,22 +531,46 @@ def table(rows):
     return "\n".join(lines).strip() + "\n"
 
 
-def write_docs(text, command, info):
+def write_docs(text, command, info, start=DOCS_START, end=DOCS_END):
+    """Replaces the ``start`` ... ``end`` section of docs/benchmarks.md with ``text``."""
     path = os.path.join(ROOT, "docs", "benchmarks.md")
     with open(path) as f:
         page = f.read()
-    if DOCS_START not in page or DOCS_END not in page:
-        raise SystemExit(f"{path} has no {DOCS_START} ... {DOCS_END} section to update")
-    head, rest = page.split(DOCS_START, 1)
-    _, tail = rest.split(DOCS_END, 1)
+    if start not in page or end not in page:
+        raise SystemExit(f"{path} has no {start} ... {end} section to update")
+    head, rest = page.split(start, 1)
+    _, tail = rest.split(end, 1)
     block = (
-        f"{DOCS_START}\n"
+        f"{start}\n"
         f"Machine: {info['cpu']}; Python {info['python']}, jax {info['jax']}, numpyro "
         f"{info['numpyro']}, blackjax {info['blackjax']}; measured {info['date']}.\n\n"
-        f"```bash\n{command}\n```\n\n{text}\n{DOCS_END}"
+        f"```bash\n{command}\n```\n\n{text}\n{end}"
     )
     with open(path, "w") as f:
         f.write(head + block + tail)
+
+
+def command_line():
+    """This script's command line, as docs should quote it (without ``--from-json``)."""
+    args = sys.argv[1:]
+    if "--from-json" in args:  # quote the command that measured them
+        i = args.index("--from-json")
+        del args[i : i + 2]
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    return " ".join(["python", script, *args])
+
+
+def run_worker(cmd, env, label, rows, out, info):
+    """Runs one worker process; appends its ``#ROW`` rows, saving ``out`` after each."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("#ROW "):
+            rows.append(json.loads(line[5:]))
+            print(line[5:].strip(), flush=True)
+            with open(out, "w") as f:  # after every row: a cut-short run keeps them
+                json.dump({"machine": info, "results": rows}, f, indent=1)
+    if proc.wait():
+        print(f"# the worker for {label} failed (exit {proc.returncode})", file=sys.stderr)
 
 
 def main():
@@ -635,22 +659,12 @@ def main():
         env = dict(os.environ, TQDM_DISABLE="1")
         if opts.platform != "cpu":
             env["JAX_PLATFORMS"] = opts.platform
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-        for line in proc.stdout:
-            if line.startswith("#ROW "):
-                rows.append(json.loads(line[5:]))
-                print(line[5:].strip(), flush=True)
-                with open(opts.out, "w") as f:  # after every row: a cut-short run keeps them
-                    json.dump({"machine": info, "results": rows}, f, indent=1)
-        if proc.wait():
-            print(f"# the worker for {model}, {chains} chains, {nd} devices failed "
-                  f"(exit {proc.returncode})", file=sys.stderr)  # fmt: skip
+        run_worker(cmd, env, f"{model}, {chains} chains, {nd} devices", rows, opts.out, info)
     text = table(rows)
     print()
     print(text)
     if opts.write_docs:
-        command = "python benchmarks/bench_suite.py " + " ".join(sys.argv[1:])
-        write_docs(text, command.strip(), info)
+        write_docs(text, command_line(), info)
 
 
 if __name__ == "__main__":
