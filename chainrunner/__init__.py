@@ -7,21 +7,27 @@ from ._chain_map import chain_map as chain_map
 from ._diagnostics import ChainrunnerWarning as ChainrunnerWarning
 from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import diagnose as diagnose
+from ._kernel import Adapter as Adapter
+from ._kernel import CrossChainWarmup as CrossChainWarmup
 from ._kernel import Kernel as Kernel
-from ._kernel import from_blackjax as from_blackjax
+from ._kernel import WarmupRequest as WarmupRequest
 from ._mesh import chain_mesh as chain_mesh
 from ._mesh import request_cpu_devices as request_cpu_devices
 from ._run import run as run
 from ._run import sample as sample
 from ._trace import Trace as Trace
-from ._warmup import adapted_parameters as adapted_parameters
+from .adapters import adapted_parameters as adapted_parameters
+from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
 
 __all__ = [
+    "Adapter",
     "ChainrunnerWarning",
+    "CrossChainWarmup",
     "Diagnostics",
     "Kernel",
     "Trace",
+    "WarmupRequest",
     "adapted_parameters",
     "chain_map",
     "chain_mesh",

@@ -4,35 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
+
+from ._naming import flat_dict
 
 if TYPE_CHECKING:
     from ._trace import Trace
-
-
-def _name(path: tuple) -> str:
-    parts = []
-    for entry in path:
-        if isinstance(entry, jax.tree_util.DictKey):
-            parts.append(str(entry.key))
-        elif isinstance(entry, jax.tree_util.GetAttrKey):
-            parts.append(entry.name)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            parts.append(str(entry.idx))
-        else:
-            parts.append(str(entry))
-    name = ".".join(parts)
-    if not name:
-        return "x"
-    return f"x{name}" if name[0].isdigit() else name
-
-
-def flat_dict(tree: Any) -> dict[str, np.ndarray]:
-    """A pytree of arrays as ``{name: array}``; a bare array is named ``x``."""
-    if tree is None:
-        return {}
-    return {_name(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _attrs(trace: Trace) -> dict[str, Any]:
@@ -42,6 +19,8 @@ def _attrs(trace: Trace) -> dict[str, Any]:
             continue
         if isinstance(v, (tuple, list)):
             v = list(v)
+        elif isinstance(v, (bool, np.bool_)):
+            v = int(v)  # netCDF has no boolean attributes: 1 / 0 survive to_netcdf
         out[k] = v
     return out
 

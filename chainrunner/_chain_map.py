@@ -6,46 +6,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
 from jax.sharding import Mesh
 
 from . import _distributed, _mesh
-
-
-def leading_size(tree: Any, name: str, where: str) -> int:
-    """The common leading-axis size of every leaf of ``tree``, or a clear error."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    if not leaves:
-        raise ValueError(f"{where}: {name} has no array leaves; expected a leading chain axis.")
-    sizes = {}
-    for path, leaf in leaves:
-        shape = np.shape(leaf)
-        if len(shape) == 0:
-            raise ValueError(
-                f"{where}: leaf {name}{jax.tree_util.keystr(path)} is a scalar; every leaf "
-                "needs a leading chain axis."
-            )
-        sizes.setdefault(shape[0], jax.tree_util.keystr(path))
-    if len(sizes) > 1:
-        found = ", ".join(f"{name}{p} has {s}" for s, p in sizes.items())
-        raise ValueError(
-            f"{where}: leaves disagree on the number of chains (leading axis): {found}."
-        )
-    (n,) = sizes
-    if n == 0:
-        raise ValueError(f"{where}: {name} has 0 chains; expected at least 1.")
-    return int(n)
-
-
-def check_batch_size(batch_size: Any, where: str) -> int | str | None:
-    if batch_size is None or batch_size == "auto":
-        return batch_size
-    if isinstance(batch_size, str):
-        raise TypeError(
-            f"{where}: batch_size must be an int >= 1, None or 'auto', got {batch_size!r}."
-        )
-    return _mesh._check_int("batch_size", batch_size, minimum=1, where=where)
+from ._checks import check_batch_size, check_mesh, leading_size
 
 
 def chain_map(
@@ -88,7 +52,7 @@ def chain_map(
     if not callable(fn):
         raise TypeError(f"chain_map: fn must be callable, got {type(fn).__name__}.")
     if mesh is not None:
-        _mesh.check_mesh(mesh, "chain_map")
+        check_mesh(mesh, "chain_map")
     batch_size = check_batch_size(batch_size, "chain_map")
     compiled: dict[tuple, Callable] = {}
 

@@ -3,22 +3,29 @@
 Layout of ``PATH/``:
 
 - ``manifest.json``: what the run is (fingerprint of the compiled program, seed,
-  layout, lengths, state structure) and which chunks are complete. It is replaced
-  atomically (write to a temporary file, ``os.replace``) after a chunk's files are
-  in place, so it is the commit point: anything it does not list is ignored.
+  layout, lengths, state structure) and which chunks are complete, each with the size
+  and CRC-32 of its files. It is replaced atomically (write to a temporary file,
+  ``os.replace``) after a chunk's files are in place, so it is the commit point:
+  anything it does not list is ignored.
 - ``chunk_000000.nc`` ...: the draws and stats of one chunk, a netCDF-4 file (via
-  xarray and h5netcdf) with ArviZ groups (``posterior``, ``sample_stats``, and the
-  ``warmup_`` ones), each ``(chain, draw, ...)``. Each opens on its own with
-  ``arviz.from_netcdf`` (arviz < 1) or ``xarray.open_datatree`` (arviz >= 1).
-- ``state_000000.npz``: the kernel state after that chunk (what a resume needs).
+  h5netcdf) with ArviZ groups (``posterior``, ``sample_stats``, and the ``warmup_``
+  ones), each ``(chain, draw, ...)``. Each opens on its own with ``arviz.from_netcdf``
+  (arviz < 1) or ``xarray.open_datatree`` (arviz >= 1).
+- ``state_000000.npz`` ...: the kernel state after each chunk (what a resume needs).
+
+Every file is verified against the manifest before anything of it is used: a chunk that
+is missing, truncated or altered (or whose state is) is never read. A resume keeps the
+longest intact prefix of chunks whose last state is intact (recomputing the rest gives
+the uninterrupted run's draws, bitwise), drops the others from the manifest, and says so.
+A manifest that cannot be read is an error naming the folder and the file.
 
 With several JAX processes (``jax.distributed``) process 0 alone writes the folder,
 holding every chain (the draws and the state are gathered first); every process
 reads it on a resume, so it must be on a filesystem that all of them see.
 
-netCDF via xarray because it is what ArviZ itself reads and writes, and one file per
-chunk, renamed into place, cannot be left half-written by a crash; appending to one
-growing file (netCDF or zarr) can.
+netCDF because it is what ArviZ itself reads and writes, and one file per chunk,
+renamed into place, cannot be left half-written by a crash; appending to one growing
+file (netCDF or zarr) can.
 """
 
 from __future__ import annotations
@@ -27,15 +34,45 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from typing import Any
 
 import jax
 import numpy as np
 
-VERSION = 1
+from . import _distributed
+from ._naming import flat_dict
+from ._threads import Background
+
+VERSION = 2
+GROUPS = ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats")
+_BLOCK = 1 << 23  # 8 MiB reads for the checksums
 
 
-def _atomic_write(path: str, write) -> None:
+def checksum(path: str) -> dict[str, int]:
+    """``{"size": bytes, "crc32": CRC-32}`` of a file (about 1 s per GB on one core)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            crc = zlib.crc32(block, crc)
+            size += len(block)
+    return {"size": size, "crc32": crc}
+
+
+def damage(path: str, record: dict[str, int]) -> str | None:
+    """What is wrong with ``path`` against its ``record``, or ``None`` if it is intact."""
+    if not os.path.isfile(path):
+        return "missing"
+    found = checksum(path)
+    if found["size"] != record.get("size"):
+        return f"{found['size']} bytes instead of {record.get('size')} (truncated or extended)"
+    if found["crc32"] != record.get("crc32"):
+        return "altered (its checksum differs from the manifest's)"
+    return None
+
+
+def _atomic_write(path: str, write) -> dict[str, int]:
+    """Writes ``path`` through a temporary file renamed into place; returns its checksum."""
     folder = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     os.close(fd)
@@ -43,11 +80,13 @@ def _atomic_write(path: str, write) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        record = checksum(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    return record
 
 
 def fingerprint(program_text: str, params: Any) -> str:
@@ -68,54 +107,148 @@ def describe_state(state: Any) -> list:
     return [[list(np.shape(x)), str(x.dtype)] for x in jax.tree.leaves(state)]
 
 
+def _write_nc(tmp: str, groups: dict[str, tuple[int, dict]]) -> None:
+    # h5netcdf directly (netCDF-4 groups, as xarray writes them): a third of the time of
+    # Dataset.to_netcdf, which matters when sampling uses every core.
+    import h5netcdf
+
+    with h5netcdf.File(tmp, "w") as f:
+        for group, (offset, values) in groups.items():
+            chains, width = np.shape(next(iter(values.values())))[:2]
+            g = f.create_group(group)
+            g.dimensions = {"chain": chains, "draw": width}
+            g.create_variable("chain", ("chain",), data=np.arange(chains))
+            g.create_variable("draw", ("draw",), data=np.arange(offset, offset + width))
+            for name, v in values.items():
+                v = np.asarray(v)
+                extra = tuple(f"{name}_dim_{i}" for i in range(v.ndim - 2))
+                for dim, size in zip(extra, v.shape[2:], strict=True):
+                    g.dimensions[dim] = size
+                if v.dtype == bool:  # netCDF has no bool: xarray's int8 convention
+                    var = g.create_variable(name, ("chain", "draw", *extra), data=v.view(np.int8))
+                    var.attrs["dtype"] = "bool"
+                else:
+                    g.create_variable(name, ("chain", "draw", *extra), data=v)
+
+
+def _write_npz(tmp: str, state: Any) -> None:
+    leaves = {}
+    for i, x in enumerate(jax.tree.leaves(state)):
+        if _is_key(x):
+            leaves[f"key{i}"] = np.asarray(jax.random.key_data(x))
+        else:
+            leaves[f"leaf{i}"] = np.asarray(x)
+    with open(tmp, "wb") as f:
+        np.savez(f, **leaves)
+
+
 class Checkpoint:
-    """One run's checkpoint folder."""
+    """One run's checkpoint folder.
+
+    Attributes:
+        path: the folder.
+        config: what identifies the run (compared with the manifest's).
+        chunks: the intact, committed chunks (after ``open``), in order.
+        repaired: ``[(file, what is wrong)]`` found by ``open``; those chunks and the
+            ones after them were dropped and are computed again.
+    """
 
     def __init__(self, path: str | os.PathLike, config: dict[str, Any]):
         self.path = os.fspath(path)
         self.config = config
         self.manifest_path = os.path.join(self.path, "manifest.json")
         self.chunks: list[dict[str, Any]] = []
-        self._executor: Any = None
-        self._future: Any = None
+        self.repaired: list[tuple[str, str]] = []
+        self._job: Background | None = None
+
+    def _error(self, what: str, todo: str) -> ValueError:
+        return ValueError(f"run: checkpoint={self.path!r}: {what}. {todo}")
 
     # -- opening -------------------------------------------------------------------
-    def open(self, create: bool = True) -> None:
-        """Checks an existing manifest against this run's config, or creates the folder.
-
-        ``create=False`` only checks and loads (with several processes every process
-        does that first; then process 0 alone calls ``create``).
-        """
-        if os.path.exists(self.manifest_path):
+    def _read_manifest(self) -> dict[str, Any]:
+        """The manifest, or a clear error when it cannot be read or is malformed."""
+        todo = (
+            "Without it the chunk files cannot be trusted: delete the folder to start over, "
+            "or restore manifest.json from a backup."
+        )
+        try:
             with open(self.manifest_path) as f:
                 manifest = json.load(f)
-            theirs = manifest.get("config", {})
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            what = f"its manifest {self.manifest_path!r} cannot be read ({e})"
+            raise self._error(what, todo) from e
+        entry_keys = {"start", "end", "file", "state", "groups", "checks"}
+        ok = (
+            isinstance(manifest, dict)
+            and isinstance(manifest.get("config"), dict)
+            and isinstance(manifest.get("chunks"), list)
+            and all(isinstance(c, dict) and entry_keys <= set(c) for c in manifest["chunks"])
+        )
+        if not ok:
+            raise self._error(f"its manifest {self.manifest_path!r} is not a chainrunner "
+                              f"manifest of version {VERSION}", todo)  # fmt: skip
+        return manifest
+
+    def open(self, create: bool = True) -> None:
+        """Checks an existing manifest against this run's config and its files, or creates it.
+
+        ``create=False`` only checks and loads (with several processes every process does
+        that first; then process 0 alone calls ``create``).
+        """
+        if os.path.exists(self.manifest_path):
+            manifest = self._read_manifest()
+            theirs = manifest["config"]
             diffs = [
                 f"{k}: checkpoint has {theirs.get(k)!r}, this call {v!r}"
                 for k, v in self.config.items()
                 if theirs.get(k) != v
             ]
+            if manifest.get("version") != VERSION:
+                diffs.insert(0, f"version: checkpoint has {manifest.get('version')!r}, "
+                                f"this chainrunner {VERSION}")  # fmt: skip
             if diffs:
                 raise ValueError(
                     f"run: checkpoint={self.path!r} belongs to another run; left untouched. "
                     + "; ".join(diffs)
                     + ". Use another path, or delete this one to start over."
                 )
-            self.chunks = manifest["chunks"]
+            self.chunks = self._intact(manifest["chunks"])
+            if create and self.repaired:
+                self._write_manifest()  # the damaged chunks are no longer committed
             return
+        if os.path.isfile(self.path):
+            raise ValueError(f"run: checkpoint={self.path!r} is a file; expected a folder.")
         if os.path.exists(self.path) and os.listdir(self.path):
             raise ValueError(
-                f"run: checkpoint={self.path!r} exists, is not empty and has no manifest.json; "
-                "expected a chainrunner checkpoint folder or a new path."
+                f"run: checkpoint={self.path!r} exists, is not empty and has no "
+                "manifest.json; expected a chainrunner checkpoint folder or a new path."
             )
         if create:
             self.create()
 
+    def _intact(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The longest prefix of ``chunks`` whose files and last state are intact."""
+        keep = len(chunks)
+        for i, chunk in enumerate(chunks):
+            problem = damage(os.path.join(self.path, chunk["file"]), chunk["checks"]["file"])
+            if problem:
+                self.repaired.append((chunk["file"], problem))
+                keep = i
+                break
+        while keep > 0:  # the state after the last kept chunk must be intact too
+            chunk = chunks[keep - 1]
+            problem = damage(os.path.join(self.path, chunk["state"]), chunk["checks"]["state"])
+            if problem is None:
+                break
+            self.repaired.append((chunk["state"], problem))
+            keep -= 1
+        return chunks[:keep]
+
     def create(self) -> None:
-        """Creates the folder and an empty manifest, unless the manifest exists."""
-        if os.path.exists(self.manifest_path):
-            return
+        """Creates the folder and writes the manifest (dropping chunks found damaged)."""
         os.makedirs(self.path, exist_ok=True)
+        if os.path.exists(self.manifest_path) and not self.repaired:
+            return
         self._write_manifest()
 
     @property
@@ -138,56 +271,33 @@ class Checkpoint:
         """Writes one chunk (draws ``start:end`` of the run) and the state after it.
 
         ``groups`` maps an ArviZ group to ``(first draw index in that group, {name: array})``.
+        A failed write (no space, no permission, the folder gone) raises an ``OSError``
+        naming the folder; the chunks committed before it stay valid.
         """
-
         index = len(self.chunks)
-        nc = f"chunk_{index:06d}.nc"
-        npz = f"state_{index:06d}.npz"
-
-        def write_nc(tmp):
-            # h5netcdf directly (netCDF-4 groups, as xarray writes them): a third of the
-            # time of Dataset.to_netcdf, which matters when sampling uses every core.
-            import h5netcdf
-
-            with h5netcdf.File(tmp, "w") as f:
-                for group, (offset, values) in groups.items():
-                    if not values:
-                        continue
-                    chains, width = np.shape(next(iter(values.values())))[:2]
-                    g = f.create_group(group)
-                    g.dimensions = {"chain": chains, "draw": width}
-                    g.create_variable("chain", ("chain",), data=np.arange(chains))
-                    g.create_variable("draw", ("draw",), data=np.arange(offset, offset + width))
-                    for name, v in values.items():
-                        v = np.asarray(v)
-                        extra = tuple(f"{name}_dim_{i}" for i in range(v.ndim - 2))
-                        for dim, size in zip(extra, v.shape[2:], strict=True):
-                            g.dimensions[dim] = size
-                        if v.dtype == bool:  # netCDF has no bool: xarray's int8 convention
-                            var = g.create_variable(
-                                name, ("chain", "draw", *extra), data=v.view(np.int8)
-                            )
-                            var.attrs["dtype"] = "bool"
-                        else:
-                            g.create_variable(name, ("chain", "draw", *extra), data=v)
-
-        def write_npz(tmp):
-            leaves = {}
-            for i, x in enumerate(jax.tree.leaves(state)):
-                if _is_key(x):
-                    leaves[f"key{i}"] = np.asarray(jax.random.key_data(x))
-                else:
-                    leaves[f"leaf{i}"] = np.asarray(x)
-            with open(tmp, "wb") as f:
-                np.savez(f, **leaves)
-
-        _atomic_write(os.path.join(self.path, nc), write_nc)
-        _atomic_write(os.path.join(self.path, npz), write_npz)
-        previous = self.chunks[-1]["state"] if self.chunks else None
-        self.chunks.append({"start": start, "end": end, "file": nc, "state": npz})
-        self._write_manifest()  # the commit point
-        if previous is not None:
-            os.remove(os.path.join(self.path, previous))
+        nc, npz = f"chunk_{index:06d}.nc", f"state_{index:06d}.npz"
+        groups = {g: v for g, v in groups.items() if v[1]}
+        try:
+            checks = {
+                "file": _atomic_write(os.path.join(self.path, nc), lambda t: _write_nc(t, groups)),
+                "state": _atomic_write(
+                    os.path.join(self.path, npz), lambda t: _write_npz(t, state)
+                ),
+            }
+            entry = {"start": start, "end": end, "file": nc, "state": npz,
+                     "groups": sorted(groups), "checks": checks}  # fmt: skip
+            self.chunks.append(entry)
+            try:
+                self._write_manifest()  # the commit point
+            except BaseException:
+                self.chunks.pop()
+                raise
+        except OSError as e:
+            raise OSError(
+                f"run: checkpoint={self.path!r}: writing chunk {index} (draws {start}..{end - 1}) "
+                f"failed: {e}. The {index} chunk(s) committed before it are intact: fix the "
+                "folder (space, permissions), then run the same call again to resume."
+            ) from e
 
     def write_chunk_async(
         self, start: int, end: int, groups: dict[str, tuple[int, dict]], state: Any
@@ -197,51 +307,95 @@ class Checkpoint:
         At most one write is in flight: this waits for the previous one (and re-raises
         its error) first, so chunks are committed in order.
         """
-        from concurrent.futures import ThreadPoolExecutor
+        self.flush()
+        self._job = Background(
+            lambda: self.write_chunk(start, end, groups, state), "chainrunner-checkpoint"
+        )
 
-        self.flush(shutdown=False)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="chainrunner-checkpoint")
-        self._future = self._executor.submit(self.write_chunk, start, end, groups, state)
-
-    def flush(self, shutdown: bool = True) -> None:
+    def flush(self) -> None:
         """Waits for the write in flight, if any (re-raising its error)."""
-        future, self._future = self._future, None
-        try:
-            if future is not None:
-                future.result()
-        finally:
-            if shutdown and self._executor is not None:
-                self._executor.shutdown()
-                self._executor = None
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
 
     # -- reading -------------------------------------------------------------------
     def read_chunks(self) -> list[dict[str, tuple[int, dict[str, np.ndarray]]]]:
-        """``{group: (first draw index, {name: array})}`` for every complete chunk."""
+        """``{group: (first draw index, {name: array})}`` for every intact chunk."""
         import xarray as xr
 
         out = []
         for chunk in self.chunks:
             file = os.path.join(self.path, chunk["file"])
             groups = {}
-            for group in ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats"):
-                try:
+            try:
+                for group in chunk["groups"]:
                     with xr.open_dataset(file, group=group, engine="h5netcdf") as ds:
                         values = {k: ds[k].values for k in ds.data_vars}
                         groups[group] = (int(ds["draw"].values[0]), values)
-                except OSError:
-                    continue
+            except (OSError, KeyError, ValueError) as e:
+                raise self._error(
+                    f"chunk file {file!r} passed its checksum but cannot be read ({e})",
+                    "Delete the folder to start over.",
+                ) from e
             out.append(groups)
         return out
 
     def read_state(self, like: Any) -> Any:
-        """The state after the last complete chunk, with the structure of ``like``."""
+        """The state after the last intact chunk, with the structure of ``like``."""
         leaves, treedef = jax.tree.flatten(like)
-        with np.load(os.path.join(self.path, self.chunks[-1]["state"])) as f:
-            new = []
-            for i, x in enumerate(leaves):
-                if _is_key(x):
-                    new.append(jax.random.wrap_key_data(f[f"key{i}"], impl=jax.random.key_impl(x)))
-                else:
-                    new.append(f[f"leaf{i}"])
+        file = os.path.join(self.path, self.chunks[-1]["state"])
+        try:
+            with np.load(file) as f:
+                new = []
+                for i, x in enumerate(leaves):
+                    if _is_key(x):
+                        impl = jax.random.key_impl(x)
+                        new.append(jax.random.wrap_key_data(f[f"key{i}"], impl=impl))
+                    else:
+                        new.append(f[f"leaf{i}"])
+        except (OSError, KeyError, ValueError) as e:
+            raise self._error(
+                f"state file {file!r} passed its checksum but cannot be read ({e})",
+                "Delete the folder to start over.",
+            ) from e
         return jax.tree.unflatten(treedef, new)
+
+
+def open_for_run(path: str, config: dict[str, Any]) -> Checkpoint:
+    """Opens (or creates) a run's checkpoint folder, checking it belongs to this run.
+
+    Every process checks and reads the folder (it must be visible to all of them); only
+    process 0 creates and writes it, once all have looked.
+    """
+    ckpt = Checkpoint(path, config)
+    multi = _distributed.is_multiprocess()
+    ckpt.open(create=not multi)
+    if multi:
+        _distributed.barrier("chainrunner-checkpoint-checked")
+        if _distributed.is_main_process():
+            ckpt.create()
+    return ckpt
+
+
+def restore(ckpt: Checkpoint, sinks: dict[str, Any], like: Any) -> int:
+    """Writes the checkpoint's chunks into ``sinks`` (``{"posterior": sink, ...}``).
+
+    ``like`` is one chunk's ``(draws, stats)`` structure. Returns the draws done.
+    """
+    names = list(flat_dict(like[0]))
+    treedef = jax.tree.structure(like[0])
+    for chunk in ckpt.read_chunks():
+        for group, sink in sinks.items():
+            if group in chunk and sink is not None:
+                at, values = chunk[group]
+                _, stats = chunk.get(group.replace("posterior", "sample_stats"), (at, {}))
+                draws = jax.tree.unflatten(treedef, [values[k] for k in names])
+                width = np.shape(values[names[0]])[1]
+                sink.write((draws, stats), at, slice(0, width))
+    if not _distributed.all_equal(ckpt.draws_done):
+        raise ValueError(
+            f"run: checkpoint={ckpt.path!r} looks different from the JAX processes (they "
+            "found different numbers of finished draws): with several processes the folder "
+            "must be on a filesystem that every process sees."
+        )
+    return ckpt.draws_done

@@ -46,15 +46,7 @@ def _batch_size(text: str) -> int | str | None:
     return int(text)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Runs the demo; see ``python -m chainrunner --help``.
-
-    Examples:
-        >>> from chainrunner._demo import main
-        >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
-        ...       "--no-progress", "--quiet"])
-        layout: 3 chains on 1 device(s), 3 per device, batch_size=1
-    """
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m chainrunner",
         description="Eight schools, blackjax NUTS, many chains over simulated CPU devices.",
@@ -74,7 +66,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--quiet", action="store_true", help="print the layout line only")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Runs the demo; see ``python -m chainrunner --help``.
+
+    Examples:
+        >>> from chainrunner._demo import main
+        >>> main(["--chains", "3", "--devices", "1", "--samples", "20", "--warmup", "0",
+        ...       "--no-progress", "--quiet"])
+        layout: 3 chains on 1 device(s), 3 per device, batch_size=1
+    """
+    args = _parser().parse_args(argv)
 
     import jax
 

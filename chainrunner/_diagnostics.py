@@ -8,12 +8,15 @@ the calls are the same under arviz 0.x and arviz >= 1 (arviz_stats): a dict of
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
-import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ._naming import flat_dict
+from ._threads import Background
 
 if TYPE_CHECKING:
     from ._trace import Trace
@@ -31,7 +34,8 @@ STUCK_ACCEPTANCE = 0.01
 """A chain whose mean ``acceptance_rate`` is below this is stuck."""
 
 
-_preload: list[threading.Thread] = []
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_preload: list[Background] = []
 
 
 def preload_arviz() -> None:
@@ -51,14 +55,9 @@ def preload_arviz() -> None:
         return
 
     def load() -> None:
-        try:
-            import arviz  # noqa: F401
-        except Exception:  # the next `import arviz` raises it again
-            pass
+        import arviz  # noqa: F401  (a failure is raised again by the next `import arviz`)
 
-    thread = threading.Thread(target=load, name="chainrunner-import-arviz", daemon=True)
-    _preload.append(thread)
-    thread.start()
+    _preload.append(Background(load, "chainrunner-import-arviz"))
 
 
 class ChainrunnerWarning(RuntimeWarning):
@@ -130,8 +129,6 @@ class Diagnostics:
 
 
 def _float_leaves(trace: Trace) -> dict[str, np.ndarray]:
-    from ._arviz import flat_dict
-
     return flat_dict(trace.draws)
 
 
@@ -212,6 +209,50 @@ def _names(values: dict[str, float], limit: int = 4, fmt: str = "{:.3g}") -> str
     return text + (f", ... ({len(items)} variables)" if len(items) > limit else "")
 
 
+def _messages(
+    rhat: dict, ess_bulk: dict, ess_tail: dict, threshold: float, divergences: Any,
+    stuck: list, nonfinite: dict,
+) -> list[str]:  # fmt: skip
+    """One sentence per problem found."""
+    messages: list[str] = []
+    high = {n: v for n, v in rhat.items() if v > RHAT_MAX}
+    if high:
+        messages.append(
+            f"R-hat > {RHAT_MAX} for {_names(high)}: the chains disagree; run longer, or "
+            "look for several modes."
+        )
+    low = {
+        n: min(ess_bulk[n], ess_tail[n])
+        for n in ess_bulk
+        if ess_bulk[n] < threshold or ess_tail[n] < threshold
+    }
+    if low:
+        messages.append(
+            f"ESS below {threshold:.0f} ({ESS_PER_CHAIN} per chain) for "
+            f"{_names(low, fmt='{:.0f}')} (smaller of bulk and tail): run longer."
+        )
+    if divergences is not None and divergences.any():
+        where = np.flatnonzero(divergences)
+        counts = ", ".join(f"{c}: {divergences[c]}" for c in where[:8])
+        messages.append(
+            f"{int(divergences.sum())} divergent transition(s) in {where.size} chain(s) "
+            f"(chain: count {counts}{', ...' if where.size > 8 else ''}); use a smaller "
+            "step size or reparametrise."
+        )
+    if stuck:
+        messages.append(
+            f"stuck chain(s) {_chains(stuck)}: no movement or acceptance rate near zero; "
+            "check the step size and the starting points."
+        )
+    if nonfinite:
+        firsts = ", ".join(f"{c} at draw {i}" for c, i in list(nonfinite.items())[:8])
+        messages.append(
+            f"non-finite values in {len(nonfinite)} chain(s) ({firsts}"
+            f"{', ...' if len(nonfinite) > 8 else ''}); left out of R-hat and ESS."
+        )
+    return messages
+
+
 def diagnose(trace: Trace) -> Diagnostics:
     """Checks a trace for the usual signs of a failed run.
 
@@ -272,42 +313,7 @@ def diagnose(trace: Trace) -> Diagnostics:
     if "diverging" in stats:
         divergences = stats["diverging"].reshape(num_chains, -1).astype(bool).sum(axis=1)
 
-    messages = []
-    high = {n: v for n, v in rhat.items() if v > RHAT_MAX}
-    if high:
-        messages.append(
-            f"R-hat > {RHAT_MAX} for {_names(high)}: the chains disagree; run longer, or "
-            "look for several modes."
-        )
-    low = {
-        n: min(ess_bulk[n], ess_tail[n])
-        for n in ess_bulk
-        if ess_bulk[n] < threshold or ess_tail[n] < threshold
-    }
-    if low:
-        messages.append(
-            f"ESS below {threshold:.0f} ({ESS_PER_CHAIN} per chain) for "
-            f"{_names(low, fmt='{:.0f}')} (smaller of bulk and tail): run longer."
-        )
-    if divergences is not None and divergences.any():
-        where = np.flatnonzero(divergences)
-        counts = ", ".join(f"{c}: {divergences[c]}" for c in where[:8])
-        messages.append(
-            f"{int(divergences.sum())} divergent transition(s) in {where.size} chain(s) "
-            f"(chain: count {counts}{', ...' if where.size > 8 else ''}); use a smaller "
-            "step size or reparametrise."
-        )
-    if stuck:
-        messages.append(
-            f"stuck chain(s) {_chains(stuck)}: no movement or acceptance rate near zero; "
-            "check the step size and the starting points."
-        )
-    if nonfinite:
-        firsts = ", ".join(f"{c} at draw {i}" for c, i in list(nonfinite.items())[:8])
-        messages.append(
-            f"non-finite values in {len(nonfinite)} chain(s) ({firsts}"
-            f"{', ...' if len(nonfinite) > 8 else ''}); left out of R-hat and ESS."
-        )
+    messages = _messages(rhat, ess_bulk, ess_tail, threshold, divergences, stuck, nonfinite)
     return Diagnostics(
         num_chains=int(num_chains),
         num_draws=int(num_draws),
@@ -322,13 +328,26 @@ def diagnose(trace: Trace) -> Diagnostics:
     )
 
 
-def warn_if_needed(trace: Trace, *, stacklevel: int = 3) -> None:
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line, out of chainrunner.
+
+    Call it in the function that calls ``warnings.warn``: it counts the frames up to the
+    first one outside the chainrunner package, so a warning raised inside ``run``
+    points at the line that called ``run`` (or ``sample``, or any public function).
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_if_needed(trace: Trace, *, stacklevel: int | None = None) -> None:
     """Warns once, with the short report, if ``diagnose(trace)`` found a problem.
 
     Args:
         trace: a ``Trace``.
-        stacklevel: as for ``warnings.warn``; the default points at the caller of
-            the function that calls this one (``run``'s caller).
+        stacklevel: as for ``warnings.warn``; the default points at the first
+            caller outside chainrunner (the line that called ``run`` or ``sample``).
 
     Examples:
         >>> import warnings
@@ -346,4 +365,18 @@ def warn_if_needed(trace: Trace, *, stacklevel: int = 3) -> None:
     if not isinstance(diagnostics, Diagnostics):
         diagnostics = diagnose(trace)
     if not diagnostics.ok:
-        warnings.warn(str(diagnostics), ChainrunnerWarning, stacklevel=stacklevel)
+        level = caller_stacklevel() if stacklevel is None else stacklevel
+        warnings.warn(str(diagnostics), ChainrunnerWarning, stacklevel=level)
+
+
+def monitor_values(draws: Any) -> dict[str, str]:
+    """Max split-R-hat and min bulk ESS of ``draws`` (a pytree), for the progress bar."""
+    values = flat_dict(draws)
+    num_chains = next(iter(values.values())).shape[0]
+    rhat, bulk, _ = _arviz_stats(values, np.arange(num_chains))
+    out = {}
+    for name, found, pick in (("rhat", rhat, np.nanmax), ("ess", bulk, np.nanmin)):
+        found = [v for v in found.values() if np.isfinite(v)]
+        if found:
+            out[name] = f"{pick(found):.3f}" if name == "rhat" else f"{pick(found):.0f}"
+    return out

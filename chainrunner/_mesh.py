@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _distributed
+from ._checks import check_int
 
 AXIS = "chain"
 """The name of the mesh axis that chains are spread over."""
@@ -58,7 +59,7 @@ def chain_mesh(
         if num_devices is None:
             devices = available
         else:
-            _check_int("num_devices", num_devices, minimum=1, where="chain_mesh")
+            check_int("num_devices", num_devices, minimum=1, where="chain_mesh")
             if num_devices > len(available):
                 raise ValueError(
                     f"chain_mesh: num_devices={num_devices} but only {len(available)} "
@@ -100,7 +101,7 @@ def request_cpu_devices(n: int) -> None:
         >>> import jax
         >>> cr.request_cpu_devices(len(jax.devices("cpu")))  # already up: same count is fine
     """
-    _check_int("n", n, minimum=1, where="request_cpu_devices")
+    check_int("n", n, minimum=1, where="request_cpu_devices")
     from jax._src import xla_bridge
 
     if xla_bridge.backends_are_initialized():
@@ -113,29 +114,6 @@ def request_cpu_devices(n: int) -> None:
             "(or set JAX_NUM_CPU_DEVICES in the environment)."
         )
     jax.config.update("jax_num_cpu_devices", n)
-
-
-def check_mesh(mesh: Any, where: str) -> Mesh:
-    """Returns ``mesh`` if it has a ``'chain'`` axis, else raises a clear error."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            f"{where}: mesh must be a jax.sharding.Mesh (e.g. cr.chain_mesh()), "
-            f"got {type(mesh).__name__}."
-        )
-    if AXIS not in mesh.axis_names:
-        raise ValueError(
-            f"{where}: mesh has axes {mesh.axis_names}; expected an axis named {AXIS!r} "
-            "(build one with cr.chain_mesh())."
-        )
-    return mesh
-
-
-def _check_int(name: str, value: Any, *, minimum: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}.")
-    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +204,11 @@ def pad(tree: Any, n: int, padded: int) -> Any:
         return jnp.concatenate([x, extra], axis=0)
 
     return jax.tree.map(_pad, tree)
+
+
+def chain_ids(n: int, padded: int) -> np.ndarray:
+    """Chain indices ``0..n-1``, padded by repeating the last (as ``pad``)."""
+    return np.minimum(np.arange(padded), n - 1).astype(np.uint32)
 
 
 def chain_sharding(mesh: Mesh) -> NamedSharding:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _run
+from chainrunner import _programs
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
 KEY = jax.random.key(0)
@@ -41,10 +41,10 @@ X0 = jnp.zeros((4, 2))
     ],
 )
 def test_bad_arguments(args, kwargs, error, match):
-    before = dict(_run.trace_counts)
+    before = dict(_programs.trace_counts)
     with pytest.raises(error, match=match):
         cr.run(*args, **{"progress": False, **kwargs})
-    assert _run.trace_counts == before  # nothing was traced or compiled
+    assert _programs.trace_counts == before  # nothing was traced or compiled
 
 
 def test_leaves_disagree_on_chains():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _run
+from chainrunner import _programs, _run
 from chainrunner._diagnostics import ChainrunnerWarning
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
@@ -37,14 +37,14 @@ def test_checkpoint_complete_then_same_call_loads_it(tmp_path):
                **KW)  # fmt: skip
     np.testing.assert_array_equal(a.draws, full.draws)
     assert a.attrs["resumed_from_draw"] == 0
-    before = dict(_run.trace_counts)
+    before = dict(_programs.trace_counts)
     b = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, checkpoint=path,
                **KW)  # fmt: skip
     assert b.attrs["resumed_from_draw"] == 50  # everything was on disk
     np.testing.assert_array_equal(b.draws, full.draws)
     np.testing.assert_array_equal(b.stats["energy"], full.stats["energy"])
     np.testing.assert_array_equal(b.final_state.position, full.final_state.position)
-    assert _run.trace_counts == before
+    assert _programs.trace_counts == before
     # Each chunk file is ArviZ data on its own.
     chunk = os.path.join(path, "chunk_000002.nc")
     if int(__import__("arviz").__version__.split(".")[0]) >= 1:
@@ -169,7 +169,7 @@ class _InterruptingBar:
 def test_keyboard_interrupt_keeps_the_draws(monkeypatch):
     full = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
     # update 1 is the bar's start; updates 2.. are chunks: stop during the 4th chunk.
-    monkeypatch.setattr(_run, "_progress_bar", lambda *a, **k: _InterruptingBar(at=5))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _InterruptingBar(at=5))
     with pytest.warns(ChainrunnerWarning, match=r"interrupted.*cr.run\(kernel, rng_key, trace"):
         part = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
     monkeypatch.undo()
@@ -184,7 +184,7 @@ def test_keyboard_interrupt_keeps_the_draws(monkeypatch):
 def test_keyboard_interrupt_with_checkpoint_resumes(monkeypatch, tmp_path):
     path = tmp_path / "ckpt"
     full = cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, **KW)
-    monkeypatch.setattr(_run, "_progress_bar", lambda *a, **k: _InterruptingBar(at=3))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _InterruptingBar(at=3))
     with pytest.warns(ChainrunnerWarning, match="same checkpoint"):
         cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, checkpoint=path, **KW)
     monkeypatch.undo()

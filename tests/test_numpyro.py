@@ -15,7 +15,7 @@ import pytest
 from numpyro.infer import HMC, MCMC, NUTS, SA, BarkerMH
 
 import chainrunner as cr
-from chainrunner import _run
+from chainrunner import _programs
 
 KEY = jax.random.key(0)
 
@@ -103,7 +103,7 @@ def test_initial_values_dependent_bound_and_deterministic():
     _close(alpha, 0.5, "alpha")  # marginal U(0, 1)
     _close(beta, 0.25, "beta")  # E[(1 - alpha) / 2]
     # The chains start where they were told to (constrained values, one chain here).
-    wrapped = cr.from_numpyro(kernel).chainrunner_kernel(num_warmup=300)
+    wrapped = cr.from_numpyro(kernel).build_kernel(num_warmup=300)
     state = wrapped.init({"alpha": 0.3, "beta": 0.6}, KEY, wrapped.params)
     start, _ = wrapped.extract(state, state, wrapped.params)
     np.testing.assert_allclose([start["alpha"], start["beta"]], [0.3, 0.6], rtol=1e-5)
@@ -117,13 +117,13 @@ def test_data_are_inputs_no_recompile_and_observed_data():
         cr.from_numpyro(kernel, model_args=(y1,)), KEY, None, 500, num_warmup=300,
         num_chains=4, progress=False,
     )  # fmt: skip
-    counts = dict(_run.trace_counts)
+    counts = dict(_programs.trace_counts)
     y2 = (y1 - 3.0 + 7.0).astype(np.float32)  # same shape, new values
     trace = cr.run(
         cr.from_numpyro(kernel, model_args=(y2,)), KEY, None, 500, num_warmup=300,
         num_chains=4, progress=False,
     )  # fmt: skip
-    assert _run.trace_counts == counts, "new data of the same shape recompiled"
+    assert _programs.trace_counts == counts, "new data of the same shape recompiled"
     _close(trace.draws["mu"], float(np.mean(y2)), "mu follows the new data")
     data = trace.to_arviz()
     np.testing.assert_array_equal(np.asarray(data["observed_data"]["y"]), y2)
@@ -181,8 +181,8 @@ def test_continue_equals_one_longer_run():
 def test_bare_model_is_nuts_and_reuses_programs():
     a = cr.from_numpyro(two_sites)
     assert isinstance(a.kernel, NUTS)
-    assert a.chainrunner_kernel(num_warmup=5).functions == (
-        cr.from_numpyro(two_sites).chainrunner_kernel(num_warmup=5).functions
+    assert a.build_kernel(num_warmup=5).functions == (
+        cr.from_numpyro(two_sites).build_kernel(num_warmup=5).functions
     )
 
 

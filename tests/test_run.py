@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _run
+from chainrunner import _programs
 
 
 def std_normal(x):
@@ -183,14 +183,14 @@ def test_pytree_positions():
 def test_no_recompile_for_new_seed_values_or_length():
     kw = {"mesh": cr.chain_mesh(4), "batch_size": 1, "chunk_size": 25, "progress": False}
     cr.run(NUTS, jax.random.key(12), x0(6), 50, **kw)
-    before = dict(_run.trace_counts)
+    before = dict(_programs.trace_counts)
     cr.run(NUTS, jax.random.key(13), x0(6, seed=1), 50, **kw)  # new seed and values
     cr.run(NUTS, jax.random.key(13), x0(6), 100, **kw)  # a whole number of chunks
     cr.run(NUTS, jax.random.key(13), x0(6), 60, num_warmup=15, **kw)  # any length, in fact
-    assert _run.trace_counts == before
+    assert _programs.trace_counts == before
     # A new chunk length or layout is a new program.
     cr.run(NUTS, jax.random.key(13), x0(6), 50, **{**kw, "chunk_size": 10})
-    assert _run.trace_counts["chunk"] == before["chunk"] + 1
+    assert _programs.trace_counts["chunk"] == before["chunk"] + 1
 
 
 def test_second_call_compiles_nothing(caplog):
@@ -262,22 +262,22 @@ def test_a_bad_start_is_reported_while_the_loop_still_compiles():
     nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(3))
     start = np.ones((4, 3), np.float32)
     start[2, 0] = -1.0
-    counts = dict(_run.trace_counts)
+    counts = dict(_programs.trace_counts)
     with pytest.raises(ValueError, match=r"chain\(s\) \[2\]"):
         cr.run(nuts, jax.random.key(0), start, 30, mesh=cr.chain_mesh(2), progress=False)
     # The loop was traced before run raised (nothing is traced later, behind a test's back)
-    assert _run.trace_counts["chunk"] == counts["chunk"] + 1
+    assert _programs.trace_counts["chunk"] == counts["chunk"] + 1
     # and its compile lands in the cache: the corrected run compiles nothing more.
     start[2, 0] = 1.0
     trace = cr.run(nuts, jax.random.key(0), start, 30, mesh=cr.chain_mesh(2), progress=False,
                    warn=False)  # fmt: skip
-    assert _run.trace_counts["chunk"] == counts["chunk"] + 1
+    assert _programs.trace_counts["chunk"] == counts["chunk"] + 1
     assert trace.draws.shape == (4, 30, 3)
 
 
 def test_retry_keys_fold_in_each_try():
-    init, _ = _run.chain_keys(jax.random.key(3), 3)
-    got = jax.vmap(_run._retry_key)(init, jnp.asarray([0, 1, 3]))
+    init, _ = _programs.chain_keys(jax.random.key(3), 3)
+    got = jax.vmap(_programs.retry_key)(init, jnp.asarray([0, 1, 3]))
     fold = jax.random.fold_in
     want = [init[0], fold(init[1], 1), fold(fold(fold(init[2], 1), 2), 3)]
     for g, w in zip(got, want, strict=True):

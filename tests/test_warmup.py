@@ -12,7 +12,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import chainrunner as cr
-from chainrunner._warmup import WindowState, adapted_parameters
+from chainrunner._warmup_window import WindowState
+
+adapted_parameters = cr.adapted_parameters
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "data", "posteriordb")
 

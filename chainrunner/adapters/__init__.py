@@ -1,6 +1,22 @@
-"""Bridges to sampling libraries (imported lazily, so that each stays optional)."""
+"""Front ends: everything ``run`` accepts as a kernel becomes an ``Adapter`` here.
 
+- ``_blackjax``: blackjax ``SamplingAlgorithm`` objects, and factories with window,
+  ChEES or MEADS adaptation.
+- ``_numpyro``: numpyro ``MCMCKernel`` objects (and bare model functions, run with NUTS).
+
+A new front end implements ``chainrunner.Adapter`` (see docs/contributing.md) and is
+recognised in ``as_adapter``.
+"""
+
+from __future__ import annotations
+
+import types
 from typing import Any
+
+from .._kernel import Adapter, FixedKernel, Kernel
+from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
+
+__all__ = ["adapted_parameters", "as_adapter", "from_blackjax", "from_numpyro"]
 
 
 def from_numpyro(
@@ -26,3 +42,41 @@ def from_numpyro(
     return impl(
         kernel, model_args=model_args, model_kwargs=model_kwargs, log_likelihood=log_likelihood
     )
+
+
+def _kernel_error(kernel: Any, where: str, detail: str = "") -> TypeError:
+    return TypeError(
+        f"{where}: kernel must be a blackjax SamplingAlgorithm, a numpyro MCMCKernel, a "
+        f"cr.Kernel or an adapter (from cr.from_blackjax / cr.from_numpyro), got "
+        f"{type(kernel).__name__}{detail}."
+    )
+
+
+def as_adapter(kernel: Any, where: str = "run") -> Adapter:
+    """Anything ``run`` accepts as a kernel -> its ``Adapter``, or a ``TypeError``.
+
+    A plain function is taken for a numpyro model only if it runs as one without
+    arguments (a model with data goes through ``cr.from_numpyro(model, model_args=...)``).
+    """
+    if isinstance(kernel, Adapter):
+        return kernel
+    if isinstance(kernel, Kernel):
+        return FixedKernel(kernel)
+    if is_sampling_algorithm(kernel):
+        return FixedKernel(from_blackjax(kernel))
+    if (type(kernel).__module__ or "").startswith("numpyro."):
+        return from_numpyro(kernel)
+    if isinstance(kernel, types.FunctionType):
+        from ._numpyro import is_model
+
+        if is_model(kernel):
+            return from_numpyro(kernel)
+        raise _kernel_error(
+            kernel,
+            where,
+            f" {kernel.__name__!r}, which is not a numpyro model that runs without arguments "
+            "(for a model with data use cr.from_numpyro(model, model_args=...); for a log "
+            "density, a blackjax algorithm such as blackjax.nuts(logdensity_fn, step_size, "
+            "inverse_mass_matrix))",
+        )
+    raise _kernel_error(kernel, where)

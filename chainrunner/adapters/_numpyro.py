@@ -23,37 +23,32 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+from numpyro import handlers
+from numpyro.infer.initialization import init_to_uniform, init_to_value
+from numpyro.infer.mcmc import MCMCKernel
 
-from .._kernel import Kernel
-
-try:
-    import numpyro
-    from numpyro import handlers
-    from numpyro.infer.initialization import init_to_uniform, init_to_value
-    from numpyro.infer.mcmc import MCMCKernel
-except ImportError as e:  # pragma: no cover - exercised only without numpyro
-    e.add_note("chainrunner's numpyro adapter needs numpyro: pip install 'chainrunner[numpyro]'.")
-    raise
+from .._kernel import Adapter, Kernel
+from .._lru import LRU
+from .._naming import numpyro_stats
 
 __all__ = ["NumpyroKernel", "from_numpyro"]
 
 # Closures that numpyro kernels build in ``init``; reset in the private copies.
 _CLOSURE_ATTRS = ("_init_fn", "_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_wa_update")
 
-_CACHE_MAX = 64
-# (id(numpyro kernel), structure of the model arguments, num_warmup) ->
-#     (numpyro kernel, static leaves, functions): keeps the functions (hence the compiled
-#     programs) the same for the same kernel, whatever the data values.
-_FUNCTIONS: OrderedDict[tuple, tuple[Any, Any, tuple]] = OrderedDict()
-# id(model function) -> (model, NUTS(model)): a bare model maps to one NUTS kernel.
-_BARE: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
+# (id(numpyro kernel), structure of the model arguments, num_warmup) -> functions: keeps
+# the functions (hence the compiled programs) the same for the same kernel, whatever the
+# data values.
+_FUNCTIONS = LRU(64)
+# id(model function) -> NUTS(model): a bare model maps to one NUTS kernel.
+_BARE = LRU(64)
 
 
 def _is_array(x: Any) -> bool:
@@ -153,32 +148,39 @@ def _check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> No
         )
 
 
-def _tree_depth(num_steps: jax.Array) -> jax.Array:
-    """``floor(log2(num_steps)) + 1`` (0 for 0 steps), as ArviZ derives it for NUTS."""
-    n = jnp.asarray(num_steps).astype(jnp.uint32)
-    return jnp.where(n > 0, 32 - jax.lax.clz(n), 0).astype(jnp.int32)
+def _init_state(nk: Any, model: Any, rng_key, num_warmup: int, position, args, kwargs) -> Any:
+    """``nk.init`` for one chain: from the init strategy, or from ``position``."""
+    if model is None:
+        if position is None:
+            raise ValueError(
+                "run: this numpyro kernel has a potential_fn and no model; give "
+                "initial_position (unconstrained values with a leading chain axis)."
+            )
+        return nk.init(rng_key, num_warmup, position, args, kwargs)
+    if position is None:
+        return nk.init(rng_key, num_warmup, None, args, kwargs)
+    if not isinstance(position, Mapping):
+        raise TypeError(
+            "run: initial_position for a numpyro model must be a dict "
+            "{site name: constrained values with a leading chain axis}, got "
+            f"{type(position).__name__}."
+        )
+    _check_sites(model, position, args, kwargs)
+    with _init_strategy(nk, init_to_value(values=dict(position))):
+        return nk.init(rng_key, num_warmup, None, args, kwargs)
 
 
-def _stats(state: Any, algo: str | None) -> dict[str, jax.Array]:
-    stats = {}
-    fields = state._asdict() if hasattr(state, "_asdict") else {}
-    if "potential_energy" in fields and jnp.ndim(fields["potential_energy"]) == 0:
-        stats["lp"] = -fields["potential_energy"]
-    for field, name in (
-        ("diverging", "diverging"),
-        ("accept_prob", "acceptance_rate"),
-        ("num_steps", "n_steps"),
-        ("energy", "energy"),
-    ):
-        value = fields.get(field)
-        if value is not None and jnp.ndim(value) == 0:
-            stats[name] = value
-    if algo == "NUTS" and "num_steps" in fields:
-        stats["tree_depth"] = _tree_depth(fields["num_steps"])
-    step_size = getattr(fields.get("adapt_state"), "step_size", None)
-    if step_size is not None and jnp.ndim(step_size) == 0:
-        stats["step_size"] = step_size
-    return stats
+def _logdensity(state: Any, params: Any) -> jax.Array | None:
+    """``-potential_energy``, ``nan`` where the gradient is not finite (as numpyro's init)."""
+    pe = getattr(state, "potential_energy", None)
+    if pe is None or jnp.ndim(pe) != 0:
+        return None
+    lp = -pe
+    grad = getattr(state, "z_grad", None)
+    if grad is not None:
+        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)]))
+        lp = jnp.where(finite, lp, jnp.nan)
+    return lp
 
 
 def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: int) -> tuple:
@@ -206,25 +208,7 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
 
     def init(position, rng_key, params):
         args, kwargs = unpack(params)
-        if model is None:
-            if position is None:
-                raise ValueError(
-                    "run: this numpyro kernel has a potential_fn and no model; give "
-                    "initial_position (unconstrained values with a leading chain axis)."
-                )
-            state = nk.init(rng_key, num_warmup, position, args, kwargs)
-        elif position is None:
-            state = nk.init(rng_key, num_warmup, None, args, kwargs)
-        else:
-            if not isinstance(position, Mapping):
-                raise TypeError(
-                    "run: initial_position for a numpyro model must be a dict "
-                    "{site name: constrained values with a leading chain axis}, got "
-                    f"{type(position).__name__}."
-                )
-            _check_sites(model, position, args, kwargs)
-            with _init_strategy(nk, init_to_value(values=dict(position))):
-                state = nk.init(rng_key, num_warmup, None, args, kwargs)
+        state = _init_state(nk, model, rng_key, num_warmup, position, args, kwargs)
         bound[0] = list(params)
         return state
 
@@ -239,58 +223,19 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
         args, kwargs = unpack(params)
         z = getattr(state, field)
         draw = nk.postprocess_fn(args, kwargs)(z) if model is not None else z
-        return draw, _stats(state, algo)
+        return draw, numpyro_stats(state, algo)
 
-    def logdensity(state, params):
-        pe = getattr(state, "potential_energy", None)
-        if pe is None or jnp.ndim(pe) != 0:
-            return None
-        lp = -pe
-        grad = getattr(state, "z_grad", None)
-        if grad is not None:
-            finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad)]))
-            lp = jnp.where(finite, lp, jnp.nan)
-        return lp
-
-    return init, step, extract, logdensity
+    return init, step, extract, _logdensity
 
 
 def _same(a: Any, b: Any) -> bool:
     return a is b
 
 
-class _BoundKernel(Kernel):
-    """A ``Kernel`` that also offers the model's observed data as an ArviZ group."""
-
-    @property
-    def groups(self) -> dict[str, dict[str, np.ndarray]]:
-        """``{"observed_data": {...}}`` from the wrapper's model arguments (if any)."""
-        wrapper = self.__dict__.get("wrapper")
-        observed = wrapper.observed_data() if wrapper is not None else {}
-        return {"observed_data": observed} if observed else {}
-
-    @property
-    def log_likelihood_group(self) -> Any:
-        """``draws -> {site: log likelihood}`` when asked for (``log_likelihood=True``)."""
-        wrapper = self.__dict__.get("wrapper")
-        if wrapper is None or not wrapper.want_log_likelihood:
-            return None
-        return wrapper.log_likelihood
-
-    @property
-    def init_error_hint(self) -> str:
-        """What to add when chains start at a non-finite log density (read by ``run``)."""
-        return (
-            "numpyro: Cannot find valid initial parameters (100 tries of the init strategy, "
-            "or the given initial values, give a non-finite potential energy or gradient). "
-            "Please check your model again."
-        )
-
-
-class NumpyroKernel:
+class NumpyroKernel(Adapter):
     """A numpyro ``MCMCKernel`` with its model arguments, as ``cr.run`` takes it.
 
-    Build it with ``cr.from_numpyro``. ``cr.run`` calls ``chainrunner_kernel`` with
+    Build it with ``cr.from_numpyro``. ``cr.run`` calls ``build_kernel`` with
     its ``num_warmup``: numpyro's own adaptation (step size, mass matrix) then runs
     during the first ``num_warmup`` steps of every chain.
 
@@ -306,7 +251,7 @@ class NumpyroKernel:
         ...     mu = numpyro.sample("mu", dist.Normal())
         ...     numpyro.sample("y", dist.Normal(mu), obs=y)
         >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model), model_args=(1.5,))
-        >>> wrapped.chainrunner_kernel(num_warmup=100).needs_position
+        >>> wrapped.build_kernel(num_warmup=100).needs_position
         False
     """
 
@@ -329,7 +274,13 @@ class NumpyroKernel:
     def __repr__(self) -> str:
         return f"NumpyroKernel({type(self.kernel).__name__}, {len(self.model_args)} model_args)"
 
-    def chainrunner_kernel(self, *, num_warmup: int) -> Kernel:
+    init_error_hint = (
+        "numpyro: Cannot find valid initial parameters (100 tries of the init strategy, "
+        "or the given initial values, give a non-finite potential energy or gradient). "
+        "Please check your model again."
+    )
+
+    def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``cr.Kernel`` that runs this kernel with ``num_warmup`` adaptation steps.
 
         The kernel's functions are cached on (numpyro kernel, ``num_warmup``, the
@@ -338,6 +289,7 @@ class NumpyroKernel:
 
         Args:
             num_warmup: the number of steps during which numpyro adapts.
+            previous_params: unused: a continued run samples with this wrapper's data.
 
         Returns:
             A ``cr.Kernel`` whose ``params`` are the array leaves of the model arguments.
@@ -348,23 +300,18 @@ class NumpyroKernel:
             >>> def model():
             ...     numpyro.sample("x", dist.Normal())
             >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model))
-            >>> k1 = wrapped.chainrunner_kernel(num_warmup=10)
-            >>> k1.functions == wrapped.chainrunner_kernel(num_warmup=10).functions
+            >>> k1 = wrapped.build_kernel(num_warmup=10)
+            >>> k1.functions == wrapped.build_kernel(num_warmup=10).functions
             True
         """
         treedef, mask, statics = self._structure
         key = (id(self.kernel), treedef, mask, _static_key(statics), int(num_warmup))
-        hit = _FUNCTIONS.get(key)
-        if hit is not None and hit[0] is self.kernel:
-            _FUNCTIONS.move_to_end(key)
-            functions = hit[2]
-        else:
-            functions = _build(self.kernel, treedef, mask, statics, int(num_warmup))
-            _FUNCTIONS[key] = (self.kernel, statics, functions)
-            while len(_FUNCTIONS) > _CACHE_MAX:
-                _FUNCTIONS.popitem(last=False)
-        init, step, extract, logdensity = functions
-        kernel = _BoundKernel(
+        init, step, extract, logdensity = _FUNCTIONS.get(
+            key,
+            lambda: _build(self.kernel, treedef, mask, statics, int(num_warmup)),
+            owner=self.kernel,
+        )
+        return Kernel(
             init=init,
             step=step,
             extract=extract,
@@ -372,8 +319,19 @@ class NumpyroKernel:
             params=self._params,
             needs_position=getattr(self.kernel, "model", None) is None,
         )
-        kernel.__dict__["wrapper"] = self
-        return kernel
+
+    def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:
+        """``observed_data`` from the model arguments; ``log_likelihood`` when asked for.
+
+        The log likelihood is left out of an interrupted run (``complete=False``).
+        """
+        out: dict[str, dict[str, Any]] = {}
+        observed = self.observed_data()
+        if observed:
+            out["observed_data"] = observed
+        if self.want_log_likelihood and complete:
+            out["log_likelihood"] = self.log_likelihood(draws)
+        return out
 
     def observed_data(self) -> dict[str, np.ndarray]:
         """The observed sites of the model and their values (ArviZ ``observed_data``).
@@ -494,12 +452,8 @@ def from_numpyro(
             log_likelihood,
         )
     if isinstance(kernel, types.FunctionType):
-        hit = _BARE.get(id(kernel))
-        if hit is None or hit[0] is not kernel:
-            hit = _BARE[id(kernel)] = (kernel, numpyro.infer.NUTS(kernel))
-            while len(_BARE) > _CACHE_MAX:
-                _BARE.popitem(last=False)
-        kernel = hit[1]
+        model = kernel
+        kernel = _BARE.get(id(model), lambda: numpyro.infer.NUTS(model), owner=model)
     if isinstance(kernel, numpyro.infer.MCMC):
         raise TypeError(
             f"{where}: got a numpyro MCMC object; pass its kernel instead (mcmc.sampler, "
@@ -516,3 +470,22 @@ def from_numpyro(
             "chainrunner runs independent chains. Use NUTS, HMC, BarkerMH or SA."
         )
     return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood)
+
+
+def is_model(fn: Any) -> bool:
+    """Whether ``fn()`` (no arguments) runs as a numpyro model with a latent sample site.
+
+    Traced abstractly (``jax.eval_shape``: nothing is computed). A function that fails
+    to run so, or samples nothing, is not taken for a model.
+    """
+    found: list[bool] = []
+
+    def probe() -> None:
+        tr = handlers.trace(handlers.seed(fn, rng_seed=0)).get_trace()
+        found.append(any(s["type"] == "sample" and not s["is_observed"] for s in tr.values()))
+
+    try:
+        jax.eval_shape(probe)
+    except Exception:
+        return False
+    return bool(found and found[0])

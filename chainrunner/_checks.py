@@ -1,0 +1,206 @@
+"""Argument checks, all eager and free of JAX work: the ``plan`` stage of ``run``.
+
+Every check raises ``TypeError`` or ``ValueError`` naming the function, the argument,
+the value and what was expected, before anything is traced or compiled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+DEFAULT_CHUNK_SIZE = 250
+"""Draws per compiled call when ``chunk_size=None`` (fewer if the run is shorter)."""
+
+ON_BAD_INIT = ("raise", "warn", "reinit")
+
+
+def check_int(name: str, value: Any, *, minimum: int, where: str) -> int:
+    """``value`` as an int, if it is one and at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def check_bool(name: str, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be True or False, got {value!r}.")
+    return value
+
+
+def check_key(rng_key: Any, where: str = "run") -> jax.Array:
+    """A typed scalar key; a legacy ``uint32[2]`` key is wrapped."""
+    dtype = getattr(rng_key, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if np.shape(rng_key) != ():
+            raise ValueError(
+                f"{where}: rng_key must be a single key, got a key array of shape "
+                f"{np.shape(rng_key)}."
+            )
+        return rng_key
+    if dtype is not None and np.dtype(dtype) == np.uint32 and np.shape(rng_key) == (2,):
+        return jax.random.wrap_key_data(jnp.asarray(rng_key))
+    raise TypeError(
+        f"{where}: rng_key must be a JAX PRNG key (jax.random.key(seed)), got "
+        f"{type(rng_key).__name__}"
+        + (f" of dtype {dtype} and shape {np.shape(rng_key)}" if dtype else "")
+        + "."
+    )
+
+
+def check_batch_size(batch_size: Any, where: str) -> int | str | None:
+    if batch_size is None or batch_size == "auto":
+        return batch_size
+    if isinstance(batch_size, str):
+        raise TypeError(
+            f"{where}: batch_size must be an int >= 1, None or 'auto', got {batch_size!r}."
+        )
+    return check_int("batch_size", batch_size, minimum=1, where=where)
+
+
+def check_mesh(mesh: Any, where: str) -> Mesh:
+    """Returns ``mesh`` if it has a ``'chain'`` axis, else raises a clear error."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"{where}: mesh must be a jax.sharding.Mesh (e.g. cr.chain_mesh()), "
+            f"got {type(mesh).__name__}."
+        )
+    if "chain" not in mesh.axis_names:
+        raise ValueError(
+            f"{where}: mesh has axes {mesh.axis_names}; expected an axis named 'chain' "
+            "(build one with cr.chain_mesh())."
+        )
+    return mesh
+
+
+def leading_size(tree: Any, name: str, where: str) -> int:
+    """The common leading-axis size of every leaf of ``tree``, or a clear error."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not leaves:
+        raise ValueError(f"{where}: {name} has no array leaves; expected a leading chain axis.")
+    sizes = {}
+    for path, leaf in leaves:
+        shape = np.shape(leaf)
+        if len(shape) == 0:
+            raise ValueError(
+                f"{where}: leaf {name}{jax.tree_util.keystr(path)} is a scalar; every leaf "
+                "needs a leading chain axis."
+            )
+        sizes.setdefault(shape[0], jax.tree_util.keystr(path))
+    if len(sizes) > 1:
+        found = ", ".join(f"{name}{p} has {s}" for s, p in sizes.items())
+        raise ValueError(
+            f"{where}: leaves disagree on the number of chains (leading axis): {found}."
+        )
+    (n,) = sizes
+    if n == 0:
+        raise ValueError(f"{where}: {name} has 0 chains; expected at least 1.")
+    return int(n)
+
+
+def check_keep(keep: Any) -> Any:
+    """``None``, a function, or a tuple of site names."""
+    if keep is None or callable(keep):
+        return keep
+    if isinstance(keep, str):
+        keep = (keep,)
+    if isinstance(keep, (list, tuple)) and keep and all(isinstance(k, str) for k in keep):
+        return tuple(keep)
+    raise TypeError(
+        "run: keep must be None, a site name, a list of names, or a function "
+        f"(state, info) -> pytree, got {keep!r}."
+    )
+
+
+def check_init(on_bad_init: Any, init_jitter: Any) -> None:
+    if on_bad_init not in ON_BAD_INIT:
+        raise ValueError(f"run: on_bad_init must be one of {ON_BAD_INIT}, got {on_bad_init!r}.")
+    if not callable(init_jitter) and (
+        isinstance(init_jitter, bool)
+        or not isinstance(init_jitter, (int, float))
+        or not np.isfinite(init_jitter)
+        or init_jitter <= 0
+    ):
+        raise ValueError(
+            f"run: init_jitter must be a positive number or a function, got {init_jitter!r}."
+        )
+
+
+def check_checkpoint(checkpoint: Any) -> str | None:
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(
+            f"run: checkpoint must be a folder path (str or os.PathLike), got {checkpoint!r}."
+        )
+    return None if checkpoint is None else os.fspath(checkpoint)
+
+
+class Plan(NamedTuple):
+    """``run``'s options, checked (the output of ``plan``)."""
+
+    rng_key: jax.Array
+    num_samples: int
+    num_warmup: int
+    num_chains: int | None
+    thinning: int
+    mesh: Mesh | None
+    batch_size: int | str | None
+    chunk_size: int | None
+    progress: bool | None
+    keep_warmup: bool
+    keep: Any
+    checkpoint: str | None
+    monitor: bool
+    warn: bool
+    on_bad_init: str
+    init_jitter: float | Callable
+
+
+def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
+    """Checks every option of ``run`` (not the kernel or the initial position) -> ``Plan``."""
+    where = "run"
+    num_samples = check_int("num_samples", num_samples, minimum=1, where=where)
+    num_warmup = check_int("num_warmup", options["num_warmup"], minimum=0, where=where)
+    thinning = check_int("thinning", options["thinning"], minimum=1, where=where)
+    for name, value in (("num_samples", num_samples), ("num_warmup", num_warmup)):
+        if value % thinning:
+            raise ValueError(
+                f"run: {name}={value} is not a multiple of thinning={thinning}; "
+                "draws are kept every `thinning` steps."
+            )
+    num_chains, chunk_size, mesh = options["num_chains"], options["chunk_size"], options["mesh"]
+    progress = options["progress"]
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"run: progress must be None, True or False, got {progress!r}.")
+    for name in ("keep_warmup", "monitor", "warn"):
+        check_bool(name, options[name], where)
+    check_init(options["on_bad_init"], options["init_jitter"])
+    return Plan(
+        rng_key=check_key(rng_key, where),
+        num_samples=num_samples,
+        num_warmup=num_warmup,
+        num_chains=None
+        if num_chains is None
+        else check_int("num_chains", num_chains, minimum=1, where=where),
+        thinning=thinning,
+        mesh=None if mesh is None else check_mesh(mesh, where),
+        batch_size=check_batch_size(options["batch_size"], where),
+        chunk_size=None
+        if chunk_size is None
+        else check_int("chunk_size", chunk_size, minimum=1, where=where),
+        progress=progress,
+        keep_warmup=options["keep_warmup"],
+        keep=check_keep(options["keep"]),
+        checkpoint=check_checkpoint(options["checkpoint"]),
+        monitor=options["monitor"],
+        warn=options["warn"],
+        on_bad_init=options["on_bad_init"],
+        init_jitter=options["init_jitter"],
+    )

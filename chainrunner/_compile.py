@@ -1,0 +1,134 @@
+"""The compile cache: each program built once, each executable compiled once.
+
+A *program* is ``jit(shard_map(...))`` of a body that closes over the kernel and the loop
+length (never static arguments), cached on what identifies it (the kernel's functions,
+the mesh, ``batch_size``, chunk length, ...). An *executable* is that program compiled for
+the shapes, dtypes and shardings of its arguments. Both caches are shared with the
+thread that compiles the sampling loop while the chains are initialised, so they are
+locked, and an executable being compiled by one thread is awaited by the other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._lru import LRU
+from ._threads import Background
+
+CACHE_SIZE = 32
+_PROGRAMS = LRU(CACHE_SIZE)
+_EXECUTABLES = LRU(CACHE_SIZE)
+_PENDING: dict[tuple, threading.Event] = {}  # executables being compiled, by key
+_PENDING_LOCK = threading.Lock()
+
+# Tracing runs the kernel's Python code, and numpyro kernels rebuild their closures while
+# traced: one trace at a time. Lowering and XLA compilation may overlap.
+TRACE_LOCK = threading.Lock()
+
+
+def signature(args: Any) -> tuple:
+    """What an executable is compiled for: tree structure, shapes, dtypes, shardings."""
+    leaves, treedef = jax.tree.flatten(args)
+    return (
+        treedef,
+        *(
+            (np.shape(x), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None))
+            for x in leaves
+        ),
+    )
+
+
+def _claim(key: tuple) -> tuple[Any, threading.Event | None]:
+    """``(executable, None)`` if cached, else ``(None, event)``: this thread compiles it."""
+    while True:
+        with _PENDING_LOCK:
+            found, executable = _EXECUTABLES.lookup(key)
+            if found:
+                return executable, None
+            pending = _PENDING.get(key)
+            if pending is None:
+                pending = _PENDING[key] = threading.Event()
+                return None, pending
+        pending.wait()  # then look again: it is cached, or that compile failed
+
+
+def compiled(
+    program_key: tuple,
+    build: Callable[[], Callable],
+    args: tuple,
+    on_traced: Callable[[Any], None] | None = None,
+) -> tuple[Any, float]:
+    """The compiled executable for ``args``, and the seconds spent compiling (or waiting).
+
+    ``on_traced(out_info)`` is called once the program is traced and before it is
+    compiled (not at all when the executable is cached).
+    """
+    program = _PROGRAMS.get(program_key, build)
+    key = (program_key, signature(args))
+    t0 = time.perf_counter()
+    executable, pending = _claim(key)
+    if pending is None:
+        waited = time.perf_counter() - t0
+        return executable, waited if waited > 1e-3 else 0.0
+    try:
+        with TRACE_LOCK:
+            traced = program.trace(*args)
+        if on_traced is not None:
+            on_traced(traced.out_info)
+        executable = _EXECUTABLES.put(key, traced.lower().compile())
+    finally:
+        with _PENDING_LOCK:
+            del _PENDING[key]
+        pending.set()
+    return executable, time.perf_counter() - t0
+
+
+def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """``fn`` for another thread, or ``None`` when this thread's jax settings forbid it.
+
+    jax's configuration contexts (``with jax.enable_x64(True)``,
+    ``jax.default_matmul_precision``, ...) are thread-local, and a program traced under
+    other settings would be another program. So when this thread has such a context in
+    force, there is no thread-safe way to compile it elsewhere: the caller compiles on its
+    own thread. ``log_compiles`` is carried over.
+    """
+    from jax._src import config
+
+    context = getattr(config, "trace_context", lambda: None)()
+    fresh: list[Any] = []
+    probe = threading.Thread(target=lambda: fresh.append(config.trace_context()))
+    probe.start()
+    probe.join()
+    if context is None or fresh[0] != context:
+        return None
+    log = jax.config.jax_log_compiles
+
+    def run(*args: Any) -> Any:
+        with jax.log_compiles(log):
+            return fn(*args)
+
+    return run
+
+
+class Ahead:
+    """A compile started on a helper thread; ``traced`` is set once it has been traced.
+
+    ``traced`` is also set when the compile ends (or fails) before tracing.
+    """
+
+    def __init__(self, fn: Callable[[Callable[[Any], None]], Any], name: str):
+        self.traced = threading.Event()
+
+        def go() -> Any:
+            try:
+                return fn(lambda _: self.traced.set())
+            finally:
+                self.traced.set()
+
+        self.job = Background(go, name)

@@ -1,0 +1,152 @@
+"""The host side of the chunk loop: buffers, the collector of chunks, the progress bar.
+
+Each chunk's draws and stats are copied from the devices into preallocated numpy
+buffers (one copy of the draws), passed to the checkpoint writer, counted for the
+progress bar, and, with ``monitor=True``, summarised by R-hat and ESS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from . import _distributed, _mesh
+from ._diagnostics import monitor_values
+from ._naming import flat_dict
+
+
+class Sink:
+    """Host arrays ``(chain, draw, ...)`` filled chunk by chunk.
+
+    Which draws were written is recorded, and ``result`` returns only the filled prefix:
+    memory that no chunk filled is never returned as draws (a gap before a filled draw
+    is an error, not draws).
+    """
+
+    def __init__(self, num_chains: int, num_draws: int, like: Any):
+        self.n = num_chains
+        self.written = np.zeros(num_draws, bool)
+        self.arrays = jax.tree.map(
+            lambda x: np.empty((num_chains, num_draws, *x.shape[2:]), x.dtype), like
+        )
+
+    @property
+    def filled(self) -> int:
+        """Draws ``0..filled-1`` are all written."""
+        missing = np.flatnonzero(~self.written)
+        return int(missing[0]) if missing.size else len(self.written)
+
+    def write(self, tree: Any, at: int, src: slice) -> None:
+        """Writes rows ``src`` of ``tree``'s draw axis (chains ``:n``) at draw ``at``."""
+        width = src.stop - src.start
+
+        def put(dst, x):
+            dst[:, at : at + width] = x[: self.n, src]
+
+        jax.tree.map(put, self.arrays, tree)
+        self.written[at : at + width] = True
+
+    def result(self) -> Any:
+        """The arrays cut to the filled draws (a view: no copy)."""
+        filled = self.filled
+        if self.written[filled:].any():
+            raise RuntimeError(
+                f"run: draws {filled}..{int(np.flatnonzero(self.written)[-1])} of the host "
+                "buffers are not contiguous (a chunk was never written); refusing to return "
+                "memory that no chunk filled."
+            )
+        return jax.tree.map(lambda a: a[:, :filled], self.arrays)
+
+
+def progress_bar(progress: bool | None, total: int, desc: str) -> Any:
+    """A tqdm bar; ``progress=None``: on in a terminal only; off on processes other than 0."""
+    from tqdm.auto import tqdm
+
+    disable = None if progress is None else not progress
+    if not _distributed.is_main_process():
+        disable = True  # with several processes only process 0 shows one
+    return tqdm(total=total, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
+
+
+class Part(NamedTuple):
+    """A slice of a chunk bound for one sink: rows ``src`` go to draw ``at``."""
+
+    prefix: str  # "" or "warmup_"
+    sink: Sink
+    at: int
+    src: slice
+
+
+class Collector:
+    """Receives each finished chunk: host buffers, checkpoint, progress, monitor.
+
+    Attributes:
+        main: the sink of the kept draws.
+        warmup: the sink of kept warmup draws, or ``None``.
+        draws_done: draws of the loop finished and collected so far.
+        state: the kernel state after them (on the devices).
+    """
+
+    def __init__(self, plan: Any, sched: Any, placed: Any, out_like: Any, bar: Any, ckpt: Any):
+        n = placed.layout.num_chains
+        self.plan, self.sched, self.placed, self.bar, self.ckpt = plan, sched, placed, bar, ckpt
+        self.main = Sink(n, plan.num_samples // plan.thinning, out_like)
+        wd = sched.warmup_draws
+        self.warmup = Sink(n, wd, out_like) if plan.keep_warmup and wd else None
+        self.divergences = 0
+        self.draws_done, self.state = 0, None
+        self._monitor_at, self._postfix = 4, {}
+
+    def parts(self, lo: int, hi: int) -> list[Part]:
+        """Where loop draws ``lo..hi-1`` go (warmup and/or main sink)."""
+        wd, parts = self.sched.warmup_draws, []
+        if lo < wd and self.warmup is not None:
+            parts.append(Part("warmup_", self.warmup, lo, slice(0, min(hi, wd) - lo)))
+        if hi > wd:
+            a = max(lo, wd)
+            parts.append(Part("", self.main, a - wd, slice(a - lo, hi - lo)))
+        return parts
+
+    def collect(self, first: int, count: int, state: Any, out: Any) -> None:
+        """Takes the chunk of loop draws ``first..first+count-1`` and the state after it."""
+        lo, hi = first, first + count
+        parts = self.parts(lo, hi)
+        host = _distributed.to_host(out) if parts else None
+        for part in parts:
+            part.sink.write(host, part.at, part.src)
+        if parts and parts[-1].prefix == "" and "diverging" in host[1]:
+            src = parts[-1].src
+            self.divergences += int(np.sum(host[1]["diverging"][: self.main.n, src]))
+        if self.ckpt is not None:
+            self._checkpoint(lo, hi, parts, host, state)
+        self.draws_done, self.state = hi, state
+        self._progress(lo, hi, count)
+
+    def _checkpoint(self, lo: int, hi: int, parts: list[Part], host: Any, state: Any) -> None:
+        n, layout = self.main.n, self.placed.layout
+        groups = {}
+        for part in parts:
+            cut = jax.tree.map(lambda x, src=part.src: x[:n, src], host)
+            groups[part.prefix + "posterior"] = (part.at, flat_dict(cut[0]))
+            groups[part.prefix + "sample_stats"] = (part.at, dict(cut[1]))
+        state = _mesh.unpad(state, n, layout.padded, self.placed.mesh)
+        if _distributed.is_multiprocess():
+            state = _distributed.to_host(state)  # a collective: every process gathers
+        if _distributed.is_main_process():
+            self.ckpt.write_chunk_async(lo, hi, groups, state)
+
+    def _progress(self, lo: int, hi: int, count: int) -> None:
+        self.bar.update(count * self.plan.thinning)
+        if lo < self.sched.warmup_draws <= hi:
+            self.bar.set_description("sampling")
+        if self.divergences:
+            self._postfix["divergences"] = self.divergences
+        # R-hat and ESS need every draw so far: computed when the draws have doubled
+        # since the last time, so that on average a chunk costs what a chunk costs.
+        if self.plan.monitor and self.main.filled >= self._monitor_at:
+            self._postfix.update(monitor_values(self.main.result()))
+            self._monitor_at = 2 * self.main.filled
+        if self._postfix:
+            self.bar.set_postfix(self._postfix, refresh=False)

@@ -1,0 +1,149 @@
+"""The ``initialise`` stage: every chain's initial state, and what to do with bad starts.
+
+Chains whose log density is not finite at the start are handled as ``on_bad_init``
+says: ``"raise"`` names them, ``"warn"`` runs them anyway, ``"reinit"`` gives them new
+starts (the user's position jittered with their new init keys) up to ``MAX_REINIT`` times.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _distributed, _mesh
+from ._compile import compiled
+from ._diagnostics import ChainrunnerWarning, caller_stacklevel
+from ._kernel import Kernel
+from ._programs import chain_keys, init_program, retry_key
+
+MAX_REINIT = 10
+
+
+class Initialised(NamedTuple):
+    """The output of ``initialise``: placed states, compile seconds, re-initialised chains."""
+
+    state: Any
+    compile_time: float
+    reinitialised: list[int]
+
+
+def jitter_fn(init_jitter: float | Callable) -> Callable:
+    """``(rng_key, position) -> position``: normal noise of scale ``init_jitter``."""
+    if callable(init_jitter):
+        return init_jitter
+
+    def jitter(rng_key, position):
+        leaves, treedef = jax.tree.flatten(position)
+        keys = jax.random.split(rng_key, len(leaves))
+        return jax.tree.unflatten(
+            treedef,
+            [
+                x + init_jitter * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
+                for x, k in zip(leaves, keys, strict=True)
+            ],
+        )
+
+    return jitter
+
+
+def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on_traced) -> tuple:
+    """One initialisation of every chain: ``(state, lp on the host or None, compile seconds)``."""
+    layout, mesh = placed.layout, placed.mesh
+    args = (
+        _mesh.place(_mesh.pad(position, layout.num_chains, layout.padded), mesh),
+        placed.chains,
+        _mesh.place(tries[_mesh.chain_ids(layout.num_chains, layout.padded)], mesh),
+        placed.key,
+        placed.params,
+    )
+    b = layout.batch_size
+    init, dt = compiled(
+        ("init", kernel.functions, mesh, b), lambda: init_program(kernel, mesh, b), args, on_traced
+    )
+    state, lp = init(*args)
+    if kernel.logdensity is None:
+        return state, None, dt
+    return state, np.asarray(_distributed.to_host(lp))[: layout.num_chains], dt
+
+
+def _bad_start(bad: np.ndarray, lp: np.ndarray, how: str, hint: str | None, last: bool) -> None:
+    """Raises or warns about chains ``bad`` that start at a non-finite log density."""
+    message = (
+        f"run: initial_position: the log density is not finite at the start of "
+        f"chain(s) {bad.tolist()} (values {lp[bad].tolist()[:8]})."
+    )
+    hint = f" {hint}" if hint else ""
+    if how == "raise":
+        raise ValueError(
+            f"{message} Start those chains inside the support of the target, or pass "
+            f'on_bad_init="reinit".{hint}'
+        )
+    if how == "warn":
+        warnings.warn(
+            f"{message} Running them anyway (on_bad_init='warn').",
+            ChainrunnerWarning,
+            stacklevel=caller_stacklevel(),
+        )
+    elif last:
+        raise ValueError(
+            f"{message} Still not finite after {MAX_REINIT} re-initialisations "
+            f"(on_bad_init='reinit'); start those chains inside the support of the target.{hint}"
+        )
+
+
+def initialise(
+    kernel: Kernel, plan: Any, placed: Any, position: Any, hint: str | None, on_traced=None
+) -> Initialised:
+    """Initialises every chain from ``position``; handles non-finite starts as the plan says.
+
+    ``on_traced`` is passed to ``compiled`` for the init program (the first try only).
+    """
+    n = placed.layout.num_chains
+    compile_time, reinit = 0.0, []
+    origin = position  # every retry jitters the user's start afresh (no random walk)
+    tries = np.zeros(n, np.int32)  # re-initialisations per chain (they change its init key)
+    for attempt in range(MAX_REINIT + 1):
+        state, lp, dt = _init_once(kernel, placed, position, tries, on_traced)
+        on_traced, compile_time = None, compile_time + dt
+        bad = np.flatnonzero(~np.isfinite(lp)) if lp is not None else np.zeros(0, int)
+        if not bad.size:
+            break
+        _bad_start(bad, lp, plan.on_bad_init, hint, attempt == MAX_REINIT)
+        if plan.on_bad_init == "warn":
+            break
+        reinit = sorted(set(reinit) | set(bad.tolist()))
+        tries[bad] += 1
+        position = _reinit(position, origin, plan, bad, tries)
+    return Initialised(state, compile_time, reinit)
+
+
+def _reinit(position: Any, origin: Any, plan: Any, bad: np.ndarray, tries: np.ndarray) -> Any:
+    """New starts for the chains ``bad``: ``origin`` jittered with their new init keys.
+
+    A chain's init key after ``t`` re-initialisations is its init key folded with
+    1, 2, ..., ``t`` (``retry_key``, as the init program derives it); its jitter uses
+    ``fold_in(that key, 0)``. So the keys of a try derive from the chain's key only.
+    """
+    warnings.warn(
+        f"run: re-initialising chain(s) {bad.tolist()} "
+        "(non-finite log density at the start; on_bad_init='reinit').",
+        ChainrunnerWarning,
+        stacklevel=caller_stacklevel(),
+    )
+    if position is None:  # the kernel initialises itself: the new init keys suffice
+        return None
+    jitter = jitter_fn(plan.init_jitter)
+    mask = np.zeros(len(tries), bool)
+    mask[bad] = True
+    init_keys = jax.vmap(retry_key)(chain_keys(plan.rng_key, len(tries))[0], jnp.asarray(tries))
+
+    def one(pos, org, key, is_bad):
+        new = jitter(jax.random.fold_in(key, 0), org)
+        return jax.tree.map(lambda a, b: jnp.where(is_bad, a, b), new, pos)
+
+    return jax.vmap(one)(position, origin, init_keys, jnp.asarray(mask))

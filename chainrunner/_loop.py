@@ -1,0 +1,121 @@
+"""The ``compile`` and ``loop`` stages: the chunk program, and the chunks run through it.
+
+Each chunk is one call of the compiled chunk program (``chunk_len`` draws at most, a
+run-time trip count for a shorter last one). The next chunk is dispatched before the
+previous one is collected, so the host copies draws while the devices sample.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from . import _mesh
+from ._checks import DEFAULT_CHUNK_SIZE
+from ._compile import Ahead, compiled, in_this_context
+from ._kernel import Kernel
+from ._programs import chunk_program
+
+
+class Schedule(NamedTuple):
+    """The lengths of the chunk loop.
+
+    Attributes:
+        first_step: global number of the loop's first kernel step.
+        warmup_draws: leading draws of the loop that are warmup (0 after a cross-chain warmup).
+        total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
+        chunk_len: draws per compiled call.
+    """
+
+    first_step: int
+    warmup_draws: int
+    total_draws: int
+    chunk_len: int
+
+
+def schedule(plan: Any, first_step: int, cross_chain: bool) -> Schedule:
+    """The loop's lengths; a cross-chain warmup runs the warmup before the loop."""
+    loop_warmup = 0 if cross_chain else plan.num_warmup
+    total = (loop_warmup + plan.num_samples) // plan.thinning
+    return Schedule(
+        first_step=first_step + plan.num_warmup - loop_warmup,
+        warmup_draws=loop_warmup // plan.thinning,
+        total_draws=total,
+        chunk_len=min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE),
+    )
+
+
+def compile_loop(
+    kernel: Kernel, plan: Any, placed: Any, sched: Schedule, state: Any, on_traced=None
+) -> tuple[Any, float]:
+    """The compiled chunk program for ``state`` (arrays or shape structs), and seconds spent."""
+    mesh, b = placed.mesh, placed.layout.batch_size
+    zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
+    key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, plan.thinning, plan.keep)
+    return compiled(
+        key,
+        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, plan.thinning, plan.keep),
+        (state, placed.chains, placed.key, *zero, placed.params),
+        on_traced,
+    )
+
+
+def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> Any:
+    """An ``on_traced`` hook for the init program that compiles the loop on a second thread.
+
+    XLA compiles one program mostly on one core: the loop compiles while the init
+    compiles and runs. The hook keeps the ``Ahead`` it starts in ``hook.ahead`` (``None``
+    when this thread's jax settings keep the compile on the calling thread).
+    """
+
+    def hook(init_out: Any) -> None:
+        sharding = _mesh.chain_sharding(placed.mesh)
+        like = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=sharding, weak_type=s.weak_type
+            ),
+            init_out[0],
+        )
+        go = in_this_context(lambda traced: compile_loop(kernel, plan, placed, sched, like, traced))
+        if go is not None:
+            hook.ahead = Ahead(go, "chainrunner-compile-loop")
+
+    hook.ahead = None
+    return hook
+
+
+class LoopResult(NamedTuple):
+    """What the chunk loop did: time, and whether Ctrl-C stopped it."""
+
+    sampling_time: float
+    interrupted: bool
+
+
+def run_chunks(
+    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int
+) -> LoopResult:
+    """Runs draws ``first..total_draws-1`` chunk by chunk into ``collector``.
+
+    Ctrl-C stops after the chunks already collected; the collector then holds them.
+    """
+    t0 = time.perf_counter()
+    pending = None
+    collector.draws_done, collector.state = first, state
+    try:
+        for at in range(first, sched.total_draws, sched.chunk_len):
+            count = min(sched.chunk_len, sched.total_draws - at)
+            start = np.int32(sched.first_step + at * plan.thinning)
+            start, valid = _mesh.replicate((start, np.int32(count)), placed.mesh)
+            state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)
+            if pending is not None:
+                collector.collect(*pending)  # the next chunk is already running
+            pending = (at, count, state, out)
+        if pending is not None:
+            collector.collect(*pending)
+        jax.block_until_ready(state)
+    except KeyboardInterrupt:
+        return LoopResult(time.perf_counter() - t0, True)
+    return LoopResult(time.perf_counter() - t0, False)

@@ -1,0 +1,118 @@
+"""The ``start`` and ``place`` stages: where a run starts, and how its chains sit on the mesh.
+
+A run starts fresh (from initial positions, or from the kernel's own init) or continues a
+``Trace`` (from its final state, step numbering carried on). Placement builds the mesh
+(when none is given), the layout (padding, ``batch_size``), and puts the chain indices,
+the run's key and the kernel's parameters on the mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+from jax.sharding import Mesh
+
+from . import _distributed, _mesh
+from ._checks import Plan, leading_size
+from ._kernel import Adapter, Kernel
+from ._trace import Trace
+
+
+class Start(NamedTuple):
+    """Where a run starts.
+
+    Attributes:
+        kernel: the kernel to initialise (and, without cross-chain warmup, to sample) with.
+        num_chains: the chains of the run.
+        position: initial positions (leading chain axis), or ``None``.
+        state: the final state of a continued trace (leading chain axis), else ``None``.
+        first_step: global number of the run's first step (a continued trace's ``num_steps``).
+        cross_chain: the adapter's cross-chain warmup runs before sampling.
+    """
+
+    kernel: Kernel
+    num_chains: int
+    position: Any
+    state: Any
+    first_step: int
+    cross_chain: bool
+
+
+def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start:
+    """Resolves the kernel and checks the initial position (or continued trace) against it."""
+    where = "run"
+    if isinstance(initial_position, Trace):
+        previous = initial_position
+        kernel = adapter.build_kernel(
+            num_warmup=plan.num_warmup, previous_params=previous.kernel_params
+        )
+        state = previous.final_state
+        n = leading_size(state, "initial_position.final_state", where)
+        start = Start(kernel, n, None, state, previous.num_steps, False)
+    else:
+        kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
+        if initial_position is not None:
+            n = leading_size(initial_position, "initial_position", where)
+        elif kernel.needs_position:
+            raise ValueError(
+                "run: initial_position is None, but this kernel needs initial positions "
+                "(a pytree whose leaves have a leading chain axis)."
+            )
+        elif plan.num_chains is None:
+            raise ValueError("run: num_chains is required when initial_position is None.")
+        else:
+            n = plan.num_chains
+        cross = adapter.has_cross_chain_warmup and plan.num_warmup > 0
+        start = Start(kernel, n, initial_position, None, 0, cross)
+    if plan.num_chains is not None and plan.num_chains != start.num_chains:
+        raise ValueError(
+            f"run: num_chains={plan.num_chains} but initial_position has {start.num_chains} "
+            "chains (leading axis)."
+        )
+    return start
+
+
+class Placement(NamedTuple):
+    """The chains on the mesh.
+
+    Attributes:
+        mesh: the mesh (one axis ``'chain'``).
+        layout: chains per device, padding and ``batch_size``.
+        batch_choice: why this ``batch_size`` (``"given"`` or the ``"auto"`` rule).
+        chains: chain indices ``0..n-1``, padded, sharded ``P('chain')``.
+        key: the run's key, replicated.
+        params: the kernel's parameters, replicated (or ``None``).
+    """
+
+    mesh: Mesh
+    layout: _mesh.Layout
+    batch_choice: str
+    chains: jax.Array
+    key: jax.Array
+    params: Any
+
+
+def replicate_params(kernel: Kernel, mesh: Mesh) -> Any:
+    """The kernel's parameters replicated over the mesh (``None`` stays ``None``)."""
+    return None if kernel.params is None else _mesh.replicate(kernel.params, mesh)
+
+
+def place(plan: Plan, start: Start) -> Placement:
+    """Builds the mesh and layout, and places chain indices, key and parameters on it."""
+    n, mesh = start.num_chains, plan.mesh
+    if mesh is None:
+        # Several processes: every process must hold part of the mesh, so use all devices.
+        multi = _distributed.is_multiprocess()
+        mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
+    _distributed.check_mesh_spans_processes(mesh, "run")
+    batch_size, choice = _mesh.auto_batch_size(plan.batch_size, mesh)
+    layout = _mesh.make_layout(n, mesh, batch_size)
+    return Placement(
+        mesh=mesh,
+        layout=layout,
+        batch_choice=choice,
+        chains=_mesh.place(_mesh.chain_ids(n, layout.padded), mesh),
+        key=_mesh.replicate(plan.rng_key, mesh),
+        params=replicate_params(start.kernel, mesh),
+    )

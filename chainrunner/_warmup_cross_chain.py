@@ -1,0 +1,365 @@
+"""ChEES and MEADS: warmup over all chains for blackjax kernels, before sampling.
+
+``cr.from_blackjax(blackjax.dynamic_hmc | blackjax.ghmc, logdensity_fn=...,
+adaptation="chees" | "meads")`` lands here. The adaptation needs statistics over all
+chains, so it runs before sampling under plain ``jax.jit`` on the sharded chain states
+(the compiler inserts the cross-device reductions), over the real chains only: the
+padding chains that fill the devices are sliced off first, so they never enter a
+statistic. Sampling then runs under ``shard_map`` with the adapted shared parameters as
+``Kernel.params``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import _distributed, _mesh
+from ._kernel import (
+    Adapter,
+    CrossChainWarmup,
+    Kernel,
+    WarmupRequest,
+    default_extract,
+    default_logdensity,
+)
+from ._lru import LRU
+from ._naming import warmup_stats
+from ._warmup_window import strong
+
+# Chain-independent salt for the keys of the cross-chain warmup: those keys come from
+# (rng_key, salt) only, never from the layout.
+_CROSS_CHAIN_SALT = 0x57A2
+
+
+def _ghmc_functions(logdensity_fn: Callable, divergence_threshold: float) -> tuple:
+    import blackjax.mcmc.ghmc as ghmc
+
+    kernel = ghmc.build_kernel(divergence_threshold=divergence_threshold)
+
+    def init(position, rng_key, params=None):
+        return ghmc.init(position, logdensity_fn, rng_key)
+
+    def step(rng_key, state, params):
+        return kernel(
+            rng_key,
+            state,
+            logdensity_fn,
+            params["step_size"],
+            params["momentum_inverse_scale"],
+            params["alpha"],
+            params["delta"],
+        )
+
+    return init, step
+
+
+def _chees_jitter(jitter_amount: float) -> Callable:
+    import blackjax.mcmc.dynamic_hmc as dynamic_hmc
+
+    # blackjax's chees_adaptation uses halton_sequence(i, ceil(log2(num_warmup +
+    # max_sampling_steps))); we make that 20 bits (see _chees), so the sampling kernel
+    # continues the same quasi-random sequence.
+    max_bits = np.float64(20.0)
+
+    def jitter(i):
+        return dynamic_hmc.halton_sequence(i, max_bits) * jitter_amount + (1.0 - jitter_amount)
+
+    return jitter
+
+
+def _dhmc_functions(logdensity_fn: Callable, jitter_amount: float) -> tuple:
+    import blackjax.mcmc.dynamic_hmc as dynamic_hmc
+
+    jitter = _chees_jitter(jitter_amount)
+
+    def integration_steps_fn(random_generator_arg, num_leapfrog_steps):
+        return jnp.asarray(jnp.ceil(jitter(random_generator_arg) * num_leapfrog_steps), dtype=int)
+
+    kernel = dynamic_hmc.build_kernel(
+        next_random_arg_fn=lambda i: i + 1, integration_steps_fn=integration_steps_fn
+    )
+
+    def init(position, rng_key, params=None):
+        return dynamic_hmc.init(position, logdensity_fn, jnp.int32(0))
+
+    def step(rng_key, state, params):
+        flat, _ = ravel_pytree(state.position)
+        return kernel(
+            rng_key,
+            state,
+            logdensity_fn,
+            params["step_size"],
+            jnp.ones(flat.shape, flat.dtype),
+            integration_steps_params=(params["num_leapfrog_steps"],),
+        )
+
+    return init, step
+
+
+def _extract(state, info, params=None):
+    return default_extract(state, info)
+
+
+def meads_folds(num_chains: int, num_folds: int | None) -> int:
+    """The number of MEADS folds; a clear error when the chains cannot be folded."""
+    if num_chains < 2:
+        raise ValueError(
+            f"from_blackjax(adaptation='meads'): needs at least 2 chains, got {num_chains}."
+        )
+    if num_folds is None:
+        # The largest fold count <= 4 (the paper's) that divides the chains with >= 4
+        # chains per fold (fewer give degenerate cross-chain standard deviations); else 1.
+        fits = [k for k in (4, 3, 2) if num_chains % k == 0 and num_chains // k >= 4]
+        return fits[0] if fits else 1
+    if num_chains % num_folds or num_chains // num_folds < 2:
+        raise ValueError(
+            f"from_blackjax(adaptation='meads'): num_folds={num_folds} must divide "
+            f"num_chains={num_chains} with at least 2 chains per fold."
+        )
+    return num_folds
+
+
+def _chees(logdensity_fn, o, num_chains, num_warmup, info_fn, key, position, keep):
+    """blackjax's ChEES -> ``(last states, params, per-step step size or None, info)``."""
+    import blackjax
+    import optax
+
+    warmup = blackjax.chees_adaptation(
+        logdensity_fn,
+        num_chains,
+        jitter_amount=o["jitter_amount"],
+        target_acceptance_rate=o["target_acceptance_rate"],
+        decay_rate=o["decay_rate"],
+        max_leapfrog_steps=o["max_leapfrog_steps"],
+        adaptation_info_fn=info_fn,
+    )
+    (last, p), info = warmup.run(
+        key,
+        position,
+        o["step_size"],
+        optax.adam(o["learning_rate"]),
+        num_warmup,
+        max_sampling_steps=2**20 - num_warmup,  # 20 Halton bits, as sampling
+    )
+    params = {"step_size": p["step_size"], "num_leapfrog_steps": p["integration_steps_params"][0]}
+    return last, params, info.adaptation_state.step_size if keep else None, info
+
+
+def _meads(logdensity_fn, o, num_chains, num_warmup, info_fn, key, position, keep):
+    """blackjax's MEADS -> ``(last states, params, per-step step size or None, info)``."""
+    import blackjax
+
+    warmup = blackjax.meads_adaptation(
+        logdensity_fn,
+        num_chains,
+        num_folds=meads_folds(num_chains, o["num_folds"]),
+        step_size_multiplier=o["step_size_multiplier"],
+        damping_slowdown=o["damping_slowdown"],
+        adaptation_info_fn=info_fn,
+    )
+    (last, p), info = warmup.run(key, position, num_warmup)
+    params = {k: p[k] for k in ("step_size", "momentum_inverse_scale", "alpha", "delta")}
+    return last, params, info.adaptation_state.step_size.mean(axis=-1) if keep else None, info
+
+
+_METHODS = {"chees": _chees, "meads": _meads}
+
+
+class CrossChainAdaptation(Adapter):
+    """A blackjax kernel with cross-chain warmup (ChEES or MEADS), for ``cr.run``.
+
+    Build it with ``cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=...,
+    adaptation="chees")`` or ``cr.from_blackjax(blackjax.ghmc, logdensity_fn=...,
+    adaptation="meads")``. ``cr.run`` initialises the chains with ``build_kernel``'s ``init``,
+    calls ``cross_chain_warmup`` (the adaptation over all chains, under plain ``jit``),
+    then samples with the returned kernel, whose adapted shared parameters are its
+    ``params``.
+
+    Attributes:
+        adaptation: ``"chees"`` or ``"meads"``.
+        logdensity_fn: the log density.
+        options: the adaptation's options.
+
+    Examples:
+        >>> import blackjax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> obj = cr.from_blackjax(blackjax.ghmc, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
+        ...                        adaptation="meads")
+        >>> obj.adaptation, obj.build_kernel(num_warmup=10).needs_position
+        ('meads', True)
+    """
+
+    has_cross_chain_warmup = True
+
+    def __init__(self, adaptation: str, logdensity_fn: Callable, options: dict):
+        self.adaptation = adaptation
+        self.logdensity_fn = logdensity_fn
+        self.options = dict(options)
+        if adaptation == "chees":
+            init, step = _dhmc_functions(logdensity_fn, self.options["jitter_amount"])
+        else:
+            init, step = _ghmc_functions(logdensity_fn, self.options["divergence_threshold"])
+        self._functions = (init, step, _extract, default_logdensity)
+        self._programs = LRU(16)
+
+    def __repr__(self) -> str:
+        return f"CrossChainAdaptation({self.adaptation!r}, {self.options})"
+
+    def sampling_kernel(self, params: Any = None) -> Kernel:
+        """The sampling ``Kernel`` (the same functions always) with ``params``.
+
+        Args:
+            params: the adapted shared parameters (a dict of arrays), or None.
+
+        Returns:
+            A ``cr.Kernel``.
+
+        Examples:
+            >>> import blackjax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> obj = cr.from_blackjax(blackjax.dynamic_hmc, adaptation="chees",
+            ...                        logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))
+            >>> obj.sampling_kernel().step is obj.sampling_kernel({"step_size": 0.1}).step
+            True
+        """
+        init, step, extract, logdensity = self._functions
+        return Kernel(init=init, step=step, extract=extract, logdensity=logdensity, params=params)
+
+    def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
+        """The kernel ``run`` initialises the chains with, or samples on with.
+
+        Args:
+            num_warmup: the warmup length; must be positive for a fresh run (the shared
+                parameters come from the cross-chain warmup).
+            previous_params: the adapted parameters of a trace being continued.
+
+        Returns:
+            A ``cr.Kernel``: without ``params`` for a fresh run, with ``previous_params``
+            for a continued one.
+
+        Raises:
+            ValueError: if ``num_warmup`` is 0 and there are no ``previous_params``.
+
+        Examples:
+            >>> import blackjax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> obj = cr.from_blackjax(blackjax.ghmc, adaptation="meads",
+            ...                        logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))
+            >>> obj.build_kernel(num_warmup=100).params is None
+            True
+        """
+        if previous_params is not None:
+            return self.sampling_kernel(previous_params)
+        if num_warmup <= 0:
+            raise ValueError(
+                f"run: adaptation={self.adaptation!r} needs num_warmup > 0 (its step size "
+                "and other shared parameters come from the cross-chain warmup); got "
+                f"num_warmup={num_warmup}. To sample on from an adapted run, pass its trace "
+                "(cr.run(kernel, key, trace, n)); or use .sampling_kernel(params) with known "
+                "values."
+            )
+        return self.sampling_kernel(None)
+
+    def _body(self, num_chains: int, padded: int, num_warmup: int, keep: bool, mesh: Any):
+        from blackjax.adaptation.base import get_filter_adapt_info_fn, return_all_adapt_info
+
+        o, method = self.options, _METHODS[self.adaptation]
+        info_fn = return_all_adapt_info if keep else get_filter_adapt_info_fn()
+        chained = NamedSharding(mesh, P(_mesh.AXIS))
+
+        def body(rng_key, state):
+            # The padding chains are dropped: every statistic is over the real chains.
+            real = jax.tree.map(lambda x: x[:num_chains], state)
+            # "replicated": every device advances all real chains, so the result does not
+            # depend on the device count or padding (bitwise); "sharded": the chains are
+            # split over the devices, results agree to round-off, which adaptation can grow.
+            if o["layout"] == "sharded":
+                real = jax.lax.with_sharding_constraint(real, chained)
+            key = jax.random.fold_in(rng_key, _CROSS_CHAIN_SALT)
+            last, params, step_size, info = method(
+                self.logdensity_fn, o, num_chains, num_warmup, info_fn, key, real.position, keep
+            )
+            params = jax.tree.map(strong, params)
+            last = jax.tree.map(lambda new, old: new.astype(old.dtype), last, real)
+            out = _mesh.pad(last, num_chains, padded)
+            if not keep:
+                return out, params, None, None
+            draws = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), info.state.position)
+            stats = warmup_stats(info, jnp.broadcast_to(step_size, (num_chains, num_warmup)))
+            return out, params, draws, stats
+
+        return body
+
+    def _program(self, num_chains: int, padded: int, num_warmup: int, keep: bool, mesh: Any):
+        def build():
+            body = self._body(num_chains, padded, num_warmup, keep, mesh)
+            replicated = NamedSharding(mesh, P())
+            # "replicated": inputs and outputs replicated, so the partitioner has no reason
+            # to split the chains: every device runs the same whole-ensemble program.
+            chained = NamedSharding(mesh, P(_mesh.AXIS))
+            state_out = replicated if self.options["layout"] == "replicated" else chained
+            return jax.jit(body, out_shardings=(state_out, replicated, replicated, replicated))
+
+        return self._programs.get((num_chains, padded, num_warmup, keep, mesh), build)
+
+    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
+        """Runs the cross-chain warmup over the real chains; called by ``run``.
+
+        Args:
+            request: the run's key, padded sharded states, chain count, warmup length,
+                mesh, and whether to keep the warmup draws.
+
+        Returns:
+            ``CrossChainWarmup(state, kernel, draws, stats, attrs)``.
+
+        Examples:
+            >>> import blackjax, jax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> obj = cr.from_blackjax(blackjax.ghmc, adaptation="meads",
+            ...                        logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))
+            >>> k = obj.build_kernel(num_warmup=20)
+            >>> keys = jax.random.split(jax.random.key(0), 4)
+            >>> state = jax.vmap(k.init)(jnp.ones((4, 2)), keys)
+            >>> out = obj.cross_chain_warmup(cr.WarmupRequest(jax.random.key(1), state,
+            ...     num_chains=4, num_warmup=20, mesh=cr.chain_mesh(1), keep_warmup=False))
+            >>> sorted(out.kernel.params)
+            ['alpha', 'delta', 'momentum_inverse_scale', 'step_size']
+        """
+        r = request
+        padded = int(jax.tree.leaves(r.state)[0].shape[0])
+        if self.adaptation == "meads":
+            meads_folds(r.num_chains, self.options["num_folds"])  # eager error
+        program = self._program(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh)
+        if self.options["layout"] == "replicated":
+            state, key = _mesh.replicate(r.state, r.mesh), _mesh.replicate(r.rng_key, r.mesh)
+        else:
+            state, key = _mesh.place(r.state, r.mesh), r.rng_key
+        new_state, params, draws, stats = program(key, state)
+        if draws is not None:
+            draws, stats = _distributed.to_host((draws, stats))
+        return CrossChainWarmup(
+            _mesh.place(new_state, r.mesh),
+            self.sampling_kernel(params),
+            draws,
+            stats,
+            _adapted_attrs(self.adaptation, params),
+        )
+
+
+def _adapted_attrs(adaptation: str, params: dict) -> dict[str, Any]:
+    """``{"adaptation": ..., "adapted_<name>": value}`` for the trace's attrs."""
+    attrs: dict[str, Any] = {"adaptation": adaptation}
+    for name, value in _distributed.to_host(params).items():
+        value = np.asarray(jax.tree.leaves(value)[0]) if name != "step_size" else value
+        attrs[f"adapted_{name}"] = (
+            float(value) if np.ndim(value) == 0 else np.asarray(value).tolist()
+        )
+    return attrs

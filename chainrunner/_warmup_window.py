@@ -1,0 +1,202 @@
+"""Stan's window adaptation for blackjax kernels, per chain, inside the sampling loop.
+
+``cr.from_blackjax(factory, logdensity_fn=..., adaptation="window")`` lands here. The chain
+state carries blackjax's adaptation state and the global step number, and the step
+rebuilds the kernel (``factory(logdensity_fn, step_size, inverse_mass_matrix)``) from the
+current adapted values, so warmup and sampling are one compiled program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from ._kernel import Adapter, Kernel, default_extract, default_logdensity
+from ._lru import LRU
+
+
+def strong(x: Any) -> jax.Array:
+    """``x`` as a strongly typed array (scan carries reject weak types that change)."""
+    x = jnp.asarray(x)
+    return jnp.array(x, dtype=x.dtype)
+
+
+class WindowState(NamedTuple):
+    """The chain state of a window-adapted kernel.
+
+    Attributes:
+        state: the blackjax kernel state (``state.position`` is the draw).
+        adaptation: blackjax's ``WindowAdaptationState``: dual-averaging state, Welford
+            state, and the current ``step_size`` and ``inverse_mass_matrix``. After
+            warmup these two hold the final adapted values (blackjax's ``final``).
+        step: the global number of the next step (chainrunner's step numbering).
+    """
+
+    state: Any
+    adaptation: Any
+    step: jax.Array
+
+
+def _adapt_fn(num_warmup: int, is_diagonal: bool, target: float) -> tuple[Callable, Callable]:
+    """``(init(dim, step_size), adapt(a, t, position, acceptance_rate))`` of blackjax's window."""
+    from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
+    from blackjax.adaptation.step_size import dual_averaging_adaptation
+    from blackjax.adaptation.window_adaptation import WindowAdaptationState, build_schedule
+
+    mm_init, mm_update, mm_final = mass_matrix_adaptation(is_diagonal)
+    da_init, da_update, da_final = dual_averaging_adaptation(target)
+    # (stage, is_window_end) per warmup step: a constant of the program, indexed by the
+    # chain's step number. Stage 0: step size only; 1: step size and mass matrix.
+    schedule = np.asarray(build_schedule(num_warmup), dtype=np.int32).reshape(-1, 2)
+
+    def init(dim, step_size):
+        imm_state = mm_init(dim)
+        a = WindowAdaptationState(
+            da_init(step_size), imm_state, step_size, imm_state.inverse_mass_matrix
+        )
+        return jax.tree.map(strong, a)
+
+    def fast(a, position, acceptance_rate):
+        ss = da_update(a.ss_state, acceptance_rate)
+        return a._replace(ss_state=ss, step_size=jnp.exp(ss.log_step_size))
+
+    def slow(a, position, acceptance_rate):
+        a = fast(a, position, acceptance_rate)
+        return a._replace(imm_state=mm_update(a.imm_state, position))
+
+    def end_of_window(a):
+        imm_state = mm_final(a.imm_state)
+        ss = da_init(da_final(a.ss_state))
+        return WindowAdaptationState(
+            ss, imm_state, jnp.exp(ss.log_step_size), imm_state.inverse_mass_matrix
+        )
+
+    def final(a):  # blackjax's final: averaged step size, last mass matrix
+        return a._replace(
+            step_size=jnp.exp(a.ss_state.log_step_size_avg),
+            inverse_mass_matrix=a.imm_state.inverse_mass_matrix,
+        )
+
+    def adapt(a, t, position, acceptance_rate):
+        """blackjax's window-adaptation update for step ``t`` (then ``final`` at the end)."""
+        i = jnp.clip(t, 0, num_warmup - 1)
+        new = jax.lax.switch(
+            jnp.asarray(schedule[:, 0])[i], (fast, slow), a, position, acceptance_rate
+        )
+        new = jax.lax.cond(jnp.asarray(schedule[:, 1])[i] == 1, end_of_window, lambda x: x, new)
+        new = jax.lax.cond(t == num_warmup - 1, final, lambda x: x, new)
+        new = jax.tree.map(lambda n, o: n.astype(o.dtype), new, a)
+        # Under vmap the step number is per chain, so these conds become selects: all
+        # branches are cheap (scalar dual averaging, one Welford update).
+        return jax.tree.map(lambda n, o: jnp.where(t < num_warmup, n, o), new, a)
+
+    return init, adapt
+
+
+def window_kernel(
+    algorithm: Callable, logdensity_fn: Callable, num_warmup: int, options: dict
+) -> Kernel:
+    """The ``Kernel`` that window-adapts during its first ``num_warmup`` steps."""
+    extra = dict(options)
+    initial_step_size = extra.pop("initial_step_size")
+    init_adaptation, adapt = _adapt_fn(
+        num_warmup, extra.pop("is_mass_matrix_diagonal"), extra.pop("target_acceptance_rate")
+    )
+
+    def build(step_size, inverse_mass_matrix):
+        return algorithm(logdensity_fn, step_size, inverse_mass_matrix, **extra)
+
+    def init(position, rng_key):
+        flat, _ = ravel_pytree(position)
+        a = init_adaptation(flat.shape[0], jnp.asarray(initial_step_size, dtype=flat.dtype))
+        state = build(a.step_size, a.inverse_mass_matrix).init(position, rng_key)
+        return WindowState(state, a, jnp.int32(0))
+
+    def step(rng_key, s):
+        a = s.adaptation
+        # The kernel is rebuilt from the current values inside the trace: one program
+        # serves every step size and mass matrix. One kernel call per step, warmup or not.
+        state, info = build(a.step_size, a.inverse_mass_matrix).step(rng_key, s.state)
+        if num_warmup > 0:
+            a = adapt(a, s.step, state.position, info.acceptance_rate)
+        return WindowState(state, a, s.step + 1), (info, s.adaptation.step_size)
+
+    def extract(s, info):
+        info, step_size = info
+        draw, stats = default_extract(s.state, info)
+        stats["step_size"] = step_size
+        return draw, stats
+
+    def logdensity(s):
+        return default_logdensity(s.state)
+
+    return Kernel(init=init, step=step, extract=extract, logdensity=logdensity)
+
+
+class WindowAdaptation(Adapter):
+    """A blackjax kernel factory with Stan's window adaptation, for ``cr.run``.
+
+    Build it with ``cr.from_blackjax(blackjax.nuts, logdensity_fn=...,
+    adaptation="window")``. ``cr.run(..., num_warmup=n)`` adapts the step size and
+    inverse mass matrix of every chain on its own during its first ``n`` steps (the
+    same steps, keys and programs as sampling); later steps use the adapted values.
+    Stats gain ``step_size`` (the value each step used); ``cr.adapted_parameters(trace)``
+    reads the adapted step size and inverse mass matrix from ``trace.final_state``.
+
+    Attributes:
+        algorithm: the blackjax factory, ``algorithm(logdensity_fn, step_size,
+            inverse_mass_matrix, **extra)``.
+        logdensity_fn: the log density.
+        options: the adaptation's options and the extra parameters of the factory.
+
+    Examples:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
+        ...                         adaptation="window")
+        >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 2)), 20, num_warmup=30,
+        ...                progress=False)
+        >>> trace.stats["step_size"].shape
+        (4, 20)
+    """
+
+    def __init__(self, algorithm: Callable, logdensity_fn: Callable, options: dict):
+        self.algorithm = algorithm
+        self.logdensity_fn = logdensity_fn
+        self.options = dict(options)
+        self._kernels = LRU(16)
+
+    def __repr__(self) -> str:
+        name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
+        return f"WindowAdaptation({name}, {self.options})"
+
+    def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
+        """The ``cr.Kernel`` that adapts during the first ``num_warmup`` steps.
+
+        Cached on ``num_warmup``: the same object gives the same functions, hence the
+        same compiled programs.
+
+        Args:
+            num_warmup: the number of adaptation steps (0: no adaptation).
+            previous_params: unused (the adapted values travel in the chain state).
+
+        Returns:
+            A ``cr.Kernel`` whose state is a ``WindowState``.
+
+        Examples:
+            >>> import blackjax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> w = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -jnp.sum(x**2),
+            ...                      adaptation="window")
+            >>> w.build_kernel(num_warmup=5) is w.build_kernel(num_warmup=5)
+            True
+        """
+        n = int(num_warmup)
+        return self._kernels.get(
+            n, lambda: window_kernel(self.algorithm, self.logdensity_fn, n, self.options)
+        )
