@@ -7,6 +7,10 @@
    (the constant: the same process with a 1-draw run).
 2. Checkpoints: blackjax NUTS on a 50-d Gaussian, 8 chains, chunks of about 1 s;
    with and without ``checkpoint=``, interleaved repetitions; target < 5 % overhead.
+3. Verifying a checkpoint on resume: a checkpoint of about 256 MB of draws (an AR(1)
+   kernel, 8 chains x 1000 dims), then the seconds per GB of checking every file against
+   the manifest (size and CRC-32), and of computing that record when writing (one more
+   read of each file, from the page cache); target < 2 s per GB on one core.
 
 Run: python benchmarks/bench_long_runs.py [--quick]
 """
@@ -93,6 +97,54 @@ def checkpoint_overhead(quick):
     }
 
 
+def verify_cost(quick):
+    import time
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 2)
+    import jax.numpy as jnp
+
+    import chainrunner as cr
+    from chainrunner import _checkpoint
+
+    dim, draws, chunk = (1000, 8000, 1000) if not quick else (100, 400, 100)
+
+    def step(rng_key, x):
+        return 0.9 * x + 0.43 * jax.random.normal(rng_key, x.shape), {}
+
+    kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "ckpt")
+        t0 = time.perf_counter()
+        cr.run(kernel, jax.random.key(0), jnp.zeros((8, dim)), draws, chunk_size=chunk,
+               mesh=cr.chain_mesh(2), progress=False, warn=False, checkpoint=folder)  # fmt: skip
+        run_s = time.perf_counter() - t0
+        files = [os.path.join(folder, f) for f in os.listdir(folder) if f != "manifest.json"]
+        gb = sum(os.path.getsize(f) for f in files) / 2**30
+        with open(os.path.join(folder, "manifest.json")) as f:
+            config = json.load(f)["config"]
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ckpt = _checkpoint.Checkpoint(folder, config)
+            ckpt.open(create=False)
+            times.append(time.perf_counter() - t0)
+        assert ckpt.draws_done == draws and not ckpt.repaired
+        t0 = time.perf_counter()
+        for f in files:
+            _checkpoint.checksum(f)
+        record_s = time.perf_counter() - t0
+    verify_s = sorted(times)[1]
+    return {
+        "checkpoint_gb": gb,
+        "run_with_checkpoint_s": run_s,
+        "verify_s_per_gb": verify_s / gb,
+        "record_s_per_gb": record_s / gb,
+        "record_share_of_run": record_s / run_s,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -113,6 +165,7 @@ def main():
             / whole["draws_mb"],
         },
         "checkpoint": checkpoint_overhead(args.quick),
+        "verify": verify_cost(args.quick),
     }
     print(json.dumps(result, indent=1))
     m, c = result["memory"], result["checkpoint"]
@@ -127,6 +180,12 @@ def main():
         )
     print()
     print(f"checkpoint overhead at {c['chunk_s']:.2f} s chunks: {100 * c['overhead']:.1f} %")
+    v = result["verify"]
+    print(
+        f"verifying a {v['checkpoint_gb']:.2f} GB checkpoint: {v['verify_s_per_gb']:.2f} s/GB; "
+        f"writing its integrity record: {v['record_s_per_gb']:.2f} s/GB "
+        f"({100 * v['record_share_of_run']:.1f} % of that run)"
+    )
 
 
 if __name__ == "__main__":

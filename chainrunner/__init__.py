@@ -16,6 +16,7 @@ from ._mesh import request_cpu_devices as request_cpu_devices
 from ._run import run as run
 from ._run import sample as sample
 from ._trace import Trace as Trace
+from ._until import Converged as Converged
 from .adapters import adapted_parameters as adapted_parameters
 from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
@@ -23,6 +24,7 @@ from .adapters import from_numpyro as from_numpyro
 __all__ = [
     "Adapter",
     "ChainrunnerWarning",
+    "Converged",
     "CrossChainWarmup",
     "Diagnostics",
     "Kernel",

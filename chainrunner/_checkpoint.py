@@ -199,9 +199,9 @@ class Checkpoint:
             manifest = self._read_manifest()
             theirs = manifest["config"]
             diffs = [
-                f"{k}: checkpoint has {theirs.get(k)!r}, this call {v!r}"
-                for k, v in self.config.items()
-                if theirs.get(k) != v
+                f"{k}: checkpoint has {theirs.get(k)!r}, this call {self.config.get(k)!r}"
+                for k in [*self.config, *(k for k in theirs if k not in self.config)]
+                if theirs.get(k) != self.config.get(k)
             ]
             if manifest.get("version") != VERSION:
                 diffs.insert(0, f"version: checkpoint has {manifest.get('version')!r}, "

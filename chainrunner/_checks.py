@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from ._until import check_until
+
 DEFAULT_CHUNK_SIZE = 250
 """Draws per compiled call when ``chunk_size=None`` (fewer if the run is shorter)."""
 
@@ -161,6 +163,8 @@ class Plan(NamedTuple):
     warn: bool
     on_bad_init: str
     init_jitter: float | Callable
+    until: Any = None
+    superchains: int | None = None
 
 
 def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
@@ -182,6 +186,9 @@ def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
     for name in ("keep_warmup", "monitor", "warn"):
         check_bool(name, options[name], where)
     check_init(options["on_bad_init"], options["init_jitter"])
+    superchains = options.get("superchains")
+    if superchains is not None:
+        superchains = check_int("superchains", superchains, minimum=1, where=where)
     return Plan(
         rng_key=check_key(rng_key, where),
         num_samples=num_samples,
@@ -203,4 +210,6 @@ def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
         warn=options["warn"],
         on_bad_init=options["on_bad_init"],
         init_jitter=options["init_jitter"],
+        until=check_until(options.get("until")),
+        superchains=superchains,
     )

@@ -30,6 +30,9 @@ ESS_PER_CHAIN = 100
 MIN_DRAWS = 4
 """Fewer draws per chain than this: R-hat and ESS are not computed (not flagged either)."""
 
+ESS_SUPERCHAINS = 400
+"""With superchains (many short chains), bulk or tail ESS below this in all is flagged."""
+
 STUCK_ACCEPTANCE = 0.01
 """A chain whose mean ``acceptance_rate`` is below this is stuck."""
 
@@ -91,6 +94,12 @@ class Diagnostics:
         nonfinite: chain -> index of its first draw with a non-finite value (in the
             draws or in the ``lp`` stat). These chains are left out of R-hat and ESS.
         messages: one short sentence per problem; empty when healthy.
+        nested_rhat: variable -> largest rank-normalised nested R-hat (Margossian et al.
+            2024), for runs with ``superchains`` (``arviz_stats.rhat_nested`` under
+            arviz >= 1; under arviz 0.x, which has none, chainrunner's port of it, equal
+            to round-off); empty otherwise. It replaces R-hat in ``messages`` then,
+            and the ESS threshold is ``ESS_SUPERCHAINS`` in all.
+        superchains: the number of superchains, or ``None``.
 
     Examples:
         >>> import numpy as np
@@ -112,6 +121,8 @@ class Diagnostics:
     stuck_chains: list[int]
     nonfinite: dict[int, int]
     messages: list[str]
+    nested_rhat: dict[str, float] = dataclasses.field(default_factory=dict)
+    superchains: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -197,6 +208,27 @@ def _arviz_stats(
     )
 
 
+def _nested_rhat(draws: dict[str, np.ndarray], num_chains: int, superchains: int) -> dict:
+    """Nested R-hat (max over elements) per variable: arviz-stats, or chainrunner's port."""
+    from ._convergence import nested_rhat as port
+
+    ids = np.arange(num_chains) // (num_chains // superchains)
+    try:
+        from arviz_stats import rhat_nested
+    except ImportError:  # arviz 0.x
+        rhat_nested = None
+    out = {}
+    for name, x in draws.items():
+        x = np.asarray(x, dtype=np.float64)
+        if rhat_nested is not None:
+            value = rhat_nested(x, superchain_ids=list(ids), chain_axis=0, draw_axis=1)
+        else:
+            value = port(x.reshape(x.shape[0], x.shape[1], -1), ids)
+        value = np.asarray(value, float)
+        out[name] = float(np.nanmax(value)) if np.isfinite(value).any() else float("nan")
+    return out
+
+
 def _chains(chains: list[int] | np.ndarray, limit: int = 8) -> str:
     chains = [int(c) for c in chains]
     text = ", ".join(map(str, chains[:limit]))
@@ -210,15 +242,16 @@ def _names(values: dict[str, float], limit: int = 4, fmt: str = "{:.3g}") -> str
 
 
 def _messages(
-    rhat: dict, ess_bulk: dict, ess_tail: dict, threshold: float, divergences: Any,
+    flagged: dict, ess_bulk: dict, ess_tail: dict, threshold: float, divergences: Any,
     stuck: list, nonfinite: dict,
 ) -> list[str]:  # fmt: skip
-    """One sentence per problem found."""
+    """One sentence per problem found; ``flagged``: ``{"R-hat > 1.01": {name: value}}``."""
     messages: list[str] = []
+    ((what, rhat),) = flagged.items()
     high = {n: v for n, v in rhat.items() if v > RHAT_MAX}
     if high:
         messages.append(
-            f"R-hat > {RHAT_MAX} for {_names(high)}: the chains disagree; run longer, or "
+            f"{what} for {_names(high)}: the chains disagree; run longer, or "
             "look for several modes."
         )
     low = {
@@ -307,13 +340,20 @@ def diagnose(trace: Trace) -> Diagnostics:
     ess_tail: dict[str, float] = {}
     if num_draws >= MIN_DRAWS and good.size:
         rhat, ess_bulk, ess_tail = _arviz_stats(draws, good)
-    threshold = float(ESS_PER_CHAIN * good.size)
+    superchains = (trace.attrs or {}).get("superchains")
+    nested: dict[str, float] = {}
+    if superchains and num_draws >= MIN_DRAWS and good.size == num_chains:
+        nested = _nested_rhat(draws, num_chains, superchains)
+    threshold = float(ESS_SUPERCHAINS if superchains else ESS_PER_CHAIN * good.size)
 
     divergences = None
     if "diverging" in stats:
         divergences = stats["diverging"].reshape(num_chains, -1).astype(bool).sum(axis=1)
 
-    messages = _messages(rhat, ess_bulk, ess_tail, threshold, divergences, stuck, nonfinite)
+    flagged = (
+        {f"nested R-hat > {RHAT_MAX}": nested} if superchains else {f"R-hat > {RHAT_MAX}": rhat}
+    )
+    messages = _messages(flagged, ess_bulk, ess_tail, threshold, divergences, stuck, nonfinite)
     return Diagnostics(
         num_chains=int(num_chains),
         num_draws=int(num_draws),
@@ -325,6 +365,8 @@ def diagnose(trace: Trace) -> Diagnostics:
         stuck_chains=stuck,
         nonfinite=nonfinite,
         messages=messages,
+        nested_rhat=nested,
+        superchains=superchains,
     )
 
 

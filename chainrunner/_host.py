@@ -89,7 +89,10 @@ class Collector:
         state: the kernel state after them (on the devices).
     """
 
-    def __init__(self, plan: Any, sched: Any, placed: Any, out_like: Any, bar: Any, ckpt: Any):
+    def __init__(
+        self, plan: Any, sched: Any, placed: Any, out_like: Any, bar: Any, ckpt: Any,
+        until: Any = None,
+    ):  # fmt: skip
         n = placed.layout.num_chains
         self.plan, self.sched, self.placed, self.bar, self.ckpt = plan, sched, placed, bar, ckpt
         self.main = Sink(n, plan.num_samples // plan.thinning, out_like)
@@ -98,6 +101,8 @@ class Collector:
         self.divergences = 0
         self.draws_done, self.state = 0, None
         self._monitor_at, self._postfix = 4, {}
+        self.until = until
+        self.stop = False
 
     def parts(self, lo: int, hi: int) -> list[Part]:
         """Where loop draws ``lo..hi-1`` go (warmup and/or main sink)."""
@@ -122,7 +127,25 @@ class Collector:
         if self.ckpt is not None:
             self._checkpoint(lo, hi, parts, host, state)
         self.draws_done, self.state = hi, state
+        if self.until is not None and hi > self.sched.warmup_draws:
+            self.stop = self.until.after_chunk(self.main.filled, lambda: self.main.result()[0])
         self._progress(lo, hi, count)
+
+    def replay(self, restored: int) -> None:
+        """The ``until`` checks of the chunks restored from a checkpoint, in order.
+
+        The uninterrupted run checked after each of these chunks; a resumed run checks the
+        same draws at the same points, so it stops where that run stopped.
+        """
+        if self.until is None:
+            return
+        wd, step = self.sched.warmup_draws, self.sched.chunk_len
+        for end in range(step, restored + 1, step):
+            if end > wd and not self.stop:
+                filled = end - wd
+                view = lambda f=filled: jax.tree.map(lambda a: a[:, :f], self.main.result()[0])  # noqa: E731
+                self.stop = self.until.after_chunk(filled, view)
+        self.draws_done = restored
 
     def _checkpoint(self, lo: int, hi: int, parts: list[Part], host: Any, state: Any) -> None:
         n, layout = self.main.n, self.placed.layout
@@ -146,7 +169,9 @@ class Collector:
         # R-hat and ESS need every draw so far: computed when the draws have doubled
         # since the last time, so that on average a chunk costs what a chunk costs.
         if self.plan.monitor and self.main.filled >= self._monitor_at:
-            self._postfix.update(monitor_values(self.main.result()))
+            self._postfix.update(monitor_values(self.main.result()[0]))  # the draws
             self._monitor_at = 2 * self.main.filled
+        if self.until is not None and self.until.last is not None:
+            self._postfix.update(self.until.last.postfix(self.until.target))
         if self._postfix:
             self.bar.set_postfix(self._postfix, refresh=False)

@@ -54,9 +54,12 @@ def jitter_fn(init_jitter: float | Callable) -> Callable:
 def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on_traced) -> tuple:
     """One initialisation of every chain: ``(state, lp on the host or None, compile seconds)``."""
     layout, mesh = placed.layout, placed.mesh
+    if position is not None and placed.init_chains is not placed.chains:
+        leaders = np.asarray(_distributed.to_host(placed.init_chains))[: layout.num_chains]
+        position = jax.tree.map(lambda x: x[leaders], position)  # a superchain's first chain's
     args = (
         _mesh.place(_mesh.pad(position, layout.num_chains, layout.padded), mesh),
-        placed.chains,
+        placed.init_chains,
         _mesh.place(tries[_mesh.chain_ids(layout.num_chains, layout.padded)], mesh),
         placed.key,
         placed.params,

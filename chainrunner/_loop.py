@@ -104,6 +104,8 @@ def run_chunks(
     t0 = time.perf_counter()
     pending = None
     collector.draws_done, collector.state = first, state
+    if collector.stop:  # a resumed run that had already converged
+        return LoopResult(0.0, False)
     try:
         for at in range(first, sched.total_draws, sched.chunk_len):
             count = min(sched.chunk_len, sched.total_draws - at)
@@ -112,6 +114,9 @@ def run_chunks(
             state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)
             if pending is not None:
                 collector.collect(*pending)  # the next chunk is already running
+                if collector.stop:  # converged: the chunk in flight is not kept
+                    pending = None
+                    break
             pending = (at, count, state, out)
         if pending is not None:
             collector.collect(*pending)

@@ -33,6 +33,7 @@ from ._init import Initialised, initialise
 from ._kernel import Adapter, Kernel, WarmupRequest
 from ._programs import check_keep_names
 from ._trace import Trace
+from ._until import Converged, Until, superchain_ids
 from .adapters import as_adapter
 
 
@@ -76,6 +77,8 @@ def run(
     warn: bool = True,
     on_bad_init: str = "raise",
     init_jitter: float | Callable = 1.0,
+    until: Converged | None = None,
+    superchains: int | None = None,
 ) -> Trace:
     """Runs many chains of an MCMC kernel, spread over the devices of a mesh.
 
@@ -138,6 +141,15 @@ def run(
             or a new init key for kernels that initialise themselves), up to 10 tries.
         init_jitter: the scale of the normal noise ``"reinit"`` adds, or a function
             ``(rng_key, position) -> position`` for one chain.
+        until: ``cr.Converged(...)``: stop after the first chunk at which the kept draws
+            meet the convergence targets (R-hat, bulk and tail ESS, nested R-hat);
+            ``num_samples`` is then the cap. ``attrs["stopped"]`` says why the run
+            stopped (``"converged"`` or ``"cap"``). See ``cr.Converged``.
+        superchains: group the chains into this many superchains of equal size (chain
+            ``c`` in superchain ``c // (num_chains // superchains)``); the chains of a
+            superchain start from the same point (its first chain's initial position
+            and init key), and ``trace.diagnostics`` reports nested R-hat (Margossian et
+            al. 2024), which ``until`` can target.
 
     Returns:
         A ``Trace`` with numpy ``draws`` and ``stats`` ``(chain, draw, ...)`` and the
@@ -167,6 +179,7 @@ def run(
         thinning=thinning, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
         progress=progress, keep_warmup=keep_warmup, keep=keep, checkpoint=checkpoint,
         monitor=monitor, warn=warn, on_bad_init=on_bad_init, init_jitter=init_jitter,
+        until=until, superchains=superchains,
     )  # fmt: skip
     if plan.warn or plan.monitor:
         preload_arviz()  # overlaps the compilation
@@ -256,6 +269,8 @@ def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
         "num_samples": plan.num_samples,
         "first_step": start.first_step,
         "keep_warmup": plan.keep_warmup,
+        **({"superchains": plan.superchains} if plan.superchains is not None else {}),
+        **({"until": [float(v) for v in plan.until]} if plan.until is not None else {}),
     }
 
 
@@ -303,9 +318,10 @@ def _sample(
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
     try:
-        collector = Collector(plan, sched, placed, loop.out_info[1], bar, None)
+        collector = Collector(plan, sched, placed, loop.out_info[1], bar, None, _until(plan, start))
         ckpt, first, state = _resume(plan, start, placed, sched, warm, loop, collector)
         collector.ckpt = ckpt
+        collector.replay(first)
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning + (sched.first_step - start.first_step))
@@ -317,6 +333,13 @@ def _sample(
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []
     return Sampled(collector, resumed, repaired, result.sampling_time, result.interrupted)
+
+
+def _until(plan: _checks.Plan, start: _start.Start) -> Until | None:
+    """The convergence check schedule of the run, if it has targets."""
+    if plan.until is None:
+        return None
+    return Until(plan.until, superchain_ids(start.num_chains, plan.superchains))
 
 
 def _assemble(
@@ -346,6 +369,7 @@ def _assemble(
         **({"resumed_from_draw": sampled.resumed_from} if sampled.resumed_from is not None else {}),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
+        **(c.until.attrs() if c.until is not None else {}),
     }
     params = warm.kernel.params
     return Trace(

@@ -70,6 +70,12 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             f"run: num_chains={plan.num_chains} but initial_position has {start.num_chains} "
             "chains (leading axis)."
         )
+    k = plan.superchains
+    if k is not None and (start.num_chains % k or start.num_chains // k < 1):
+        raise ValueError(
+            f"run: superchains={k} must divide the number of chains ({start.num_chains}): "
+            "every superchain has the same number of chains."
+        )
     return start
 
 
@@ -81,6 +87,8 @@ class Placement(NamedTuple):
         layout: chains per device, padding and ``batch_size``.
         batch_choice: why this ``batch_size`` (``"given"`` or the ``"auto"`` rule).
         chains: chain indices ``0..n-1``, padded, sharded ``P('chain')``.
+        init_chains: the chain whose init key (and initial position) each chain starts
+            from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
     """
@@ -89,6 +97,7 @@ class Placement(NamedTuple):
     layout: _mesh.Layout
     batch_choice: str
     chains: jax.Array
+    init_chains: jax.Array
     key: jax.Array
     params: Any
 
@@ -108,11 +117,16 @@ def place(plan: Plan, start: Start) -> Placement:
     _distributed.check_mesh_spans_processes(mesh, "run")
     batch_size, choice = _mesh.auto_batch_size(plan.batch_size, mesh)
     layout = _mesh.make_layout(n, mesh, batch_size)
+    ids = _mesh.chain_ids(n, layout.padded)
+    chains = _mesh.place(ids, mesh)
+    if plan.superchains is not None:
+        leaders = (ids - ids % (n // plan.superchains)).astype(ids.dtype)
     return Placement(
         mesh=mesh,
         layout=layout,
         batch_choice=choice,
-        chains=_mesh.place(_mesh.chain_ids(n, layout.padded), mesh),
+        chains=chains,
+        init_chains=chains if plan.superchains is None else _mesh.place(leaders, mesh),
         key=_mesh.replicate(plan.rng_key, mesh),
         params=replicate_params(start.kernel, mesh),
     )

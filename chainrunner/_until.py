@@ -1,0 +1,183 @@
+"""``until=``: runs that stop when the answer is good enough.
+
+``cr.run(..., until=cr.Converged(...))`` makes ``num_samples`` a cap: after a chunk, on a
+growing schedule of draw counts, the kept draws are checked against the targets, and the
+run stops after the first chunk at which every variable meets them. The checks depend
+only on the draws, so a run that stopped at ``N`` draws has exactly the first ``N`` draws of
+a fixed run of ``N`` with the same key and layout, and a resumed run stops where the
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _convergence
+
+
+class Converged(NamedTuple):
+    """Convergence targets for ``run(..., until=...)``.
+
+    A run stops at the first check at which every element of every variable has
+    rank-normalised split R-hat at most ``rhat`` and bulk ESS and tail ESS at least
+    ``ess_bulk`` and ``ess_tail`` (summed over chains, as ArviZ reports them). In a run
+    with ``superchains`` nested R-hat at most ``nested_rhat`` replaces the R-hat target:
+    with many short chains classic R-hat stays high only because each chain is short.
+    The defaults are those of Vehtari et al. (2021): R-hat below 1.01 and ESS of 400 (100
+    per chain for four chains). Checks happen after the chunk at which the kept draws first reach
+    ``min_draws``, then each time they have grown by the factor ``growth``: the checks
+    cost about ``growth / (growth - 1)`` times one check at the final length.
+
+    Attributes:
+        rhat: the largest R-hat accepted.
+        ess_bulk: the smallest bulk ESS accepted.
+        ess_tail: the smallest tail ESS accepted.
+        nested_rhat: the largest nested R-hat accepted (runs with ``superchains``;
+            Margossian et al. 2024 suggest 1.01 to 1.005 for many short chains).
+        min_draws: no check before this many kept draws per chain.
+        growth: the factor between the draw counts of two checks (> 1).
+
+    Examples:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(2))
+        >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 2)), 10_000, chunk_size=50,
+        ...                until=cr.Converged(ess_bulk=200, ess_tail=200), progress=False)
+        >>> trace.attrs["stopped"], trace.num_draws < 10_000
+        ('converged', True)
+    """
+
+    rhat: float = 1.01
+    ess_bulk: float = 400.0
+    ess_tail: float = 400.0
+    nested_rhat: float = 1.01
+    min_draws: int = 50
+    growth: float = 1.25
+
+
+def check_until(until: Any) -> Converged | None:
+    """``until`` if it is ``None`` or a valid ``Converged``; else a clear error."""
+    if until is None:
+        return None
+    if not isinstance(until, Converged):
+        raise TypeError(f"run: until must be None or cr.Converged(...), got {until!r}.")
+    for name in ("rhat", "nested_rhat"):
+        value = getattr(until, name)
+        if not (isinstance(value, (int, float)) and value >= 1.0):
+            raise ValueError(f"run: until.{name} must be a number >= 1, got {value!r}.")
+    for name in ("ess_bulk", "ess_tail"):
+        value = getattr(until, name)
+        if not (isinstance(value, (int, float)) and value >= 0):
+            raise ValueError(f"run: until.{name} must be a number >= 0, got {value!r}.")
+    if (
+        isinstance(until.min_draws, bool)
+        or not isinstance(until.min_draws, int)
+        or (until.min_draws < 4)
+    ):
+        raise ValueError(f"run: until.min_draws must be an int >= 4, got {until.min_draws!r}.")
+    if not (isinstance(until.growth, (int, float)) and until.growth > 1.0):
+        raise ValueError(f"run: until.growth must be a number > 1, got {until.growth!r}.")
+    return until
+
+
+def columns(draws: Any) -> tuple[np.ndarray, list[str]]:
+    """Every element of every draw leaf as a float64 column: ``(chain, draw, k)`` and names."""
+    from ._naming import flat_dict
+
+    arrays, names = [], []
+    for name, x in flat_dict(draws).items():
+        x = np.asarray(x, dtype=np.float64)
+        arrays.append(x.reshape(x.shape[0], x.shape[1], -1))
+        names += [name] * arrays[-1].shape[2]
+    return np.concatenate(arrays, axis=2), names
+
+
+class Status(NamedTuple):
+    """One check: the worst value of each diagnostic, and whether all targets are met."""
+
+    draws: int
+    rhat: float
+    ess_bulk: float
+    ess_tail: float
+    nested_rhat: float | None
+    met: bool
+
+    def postfix(self, target: Converged) -> dict[str, str]:
+        """For the progress bar: each diagnostic's worst value against its target."""
+        out = {
+            "rhat": f"{self.rhat:.3f}/{target.rhat}",
+            "ess": f"{min(self.ess_bulk, self.ess_tail):.0f}/"
+            f"{min(target.ess_bulk, target.ess_tail):.0f}",
+        }
+        if self.nested_rhat is not None:
+            out["nRhat"] = f"{self.nested_rhat:.3f}/{target.nested_rhat}"
+        return out
+
+
+def _worst(values: np.ndarray, largest: bool) -> float:
+    if np.isnan(values).any():
+        return math.inf if largest else 0.0  # not finite: never "met"
+    return float(values.max() if largest else values.min())
+
+
+def evaluate(draws: Any, target: Converged, superchains: np.ndarray | None) -> Status:
+    """Checks ``draws`` (pytree of ``(chain, draw, ...)``) against ``target``."""
+    x, _ = columns(draws)
+    x = np.where(np.isfinite(x), x, np.nan)
+    num_chains = x.shape[0]
+    rhat = _worst(_convergence.rhat(x), True) if num_chains >= 2 else 1.0
+    bulk = _worst(_convergence.ess_bulk(x), False)
+    tail = _worst(_convergence.ess_tail(x), False)
+    nested = None
+    if superchains is not None:
+        nested = _worst(_convergence.nested_rhat(x, superchains), True)
+    # Many short chains: classic R-hat stays high only because the chains are short;
+    # nested R-hat is the diagnostic for that regime (Margossian et al. 2024) and replaces it.
+    mixed = rhat <= target.rhat if nested is None else nested <= target.nested_rhat
+    met = mixed and bulk >= target.ess_bulk and tail >= target.ess_tail
+    return Status(x.shape[1], rhat, bulk, tail, nested, bool(met))
+
+
+class Until:
+    """The check schedule of one run: when to check, and the last status."""
+
+    def __init__(self, target: Converged, superchains: np.ndarray | None):
+        self.target = target
+        self.superchains = superchains
+        self.next_check = target.min_draws
+        self.last: Status | None = None
+        self.stopped_at: int | None = None
+
+    def after_chunk(self, filled: int, result: Any) -> bool:
+        """Called after each chunk with the kept draws so far; ``True``: stop here."""
+        if self.stopped_at is not None or filled < self.next_check:
+            return self.stopped_at is not None
+        self.last = evaluate(result(), self.target, self.superchains)
+        self.next_check = max(filled + 1, math.ceil(filled * self.target.growth))
+        if self.last.met:
+            self.stopped_at = filled
+        return self.last.met
+
+    def attrs(self) -> dict[str, Any]:
+        """Why and when the run stopped, and the last check's values."""
+        out: dict[str, Any] = {"stopped": "converged" if self.stopped_at is not None else "cap"}
+        if self.last is not None:
+            out.update(
+                until_checked_at_draw=self.last.draws,
+                until_rhat=self.last.rhat,
+                until_ess_bulk=self.last.ess_bulk,
+                until_ess_tail=self.last.ess_tail,
+            )
+            if self.last.nested_rhat is not None:
+                out["until_nested_rhat"] = self.last.nested_rhat
+        return out
+
+
+def superchain_ids(num_chains: int, superchains: int | None) -> np.ndarray | None:
+    """Chain ``c``'s superchain: ``c // (num_chains // superchains)``."""
+    if superchains is None:
+        return None
+    return np.arange(num_chains) // (num_chains // superchains)
