@@ -31,16 +31,36 @@ def arviz_major() -> int:
     return int(az.__version__.split(".")[0])
 
 
-def to_arviz(trace: Trace, coords: dict | None = None, dims: dict | None = None) -> Any:
-    """See ``Trace.to_arviz``."""
-    import arviz as az
-
+def _groups(trace: Trace, extra: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+    """Every group of the ArviZ data: the trace's, then those the caller adds."""
     groups = {"posterior": flat_dict(trace.draws), "sample_stats": dict(trace.stats)}
     if trace.warmup_draws is not None:
         groups["warmup_posterior"] = flat_dict(trace.warmup_draws)
         groups["warmup_sample_stats"] = dict(trace.warmup_stats or {})
     for group, values in trace.groups.items():
         groups[group] = {k: np.asarray(v) for k, v in values.items()}
+    for group, values in extra.items():
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise TypeError(
+                f"to_arviz: {group} must be a dict {{name: array}}, got {type(values).__name__}."
+            )
+        groups[group] = {k: np.asarray(v) for k, v in values.items()}
+    return groups
+
+
+def to_arviz(
+    trace: Trace,
+    coords: dict | None = None,
+    dims: dict | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Any:
+    """See ``Trace.to_arviz``."""
+    import arviz as az
+
+    groups = _groups(trace, extra or {})
+    dims = {**trace.dims, **(dims or {})} or None
     attrs = _attrs(trace)
     save_warmup = trace.warmup_draws is not None
     if arviz_major() >= 1:

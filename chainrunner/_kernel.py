@@ -27,6 +27,13 @@ def default_extract(state: Any, info: Any) -> tuple[Any, dict[str, jax.Array]]:
     stats = info_stats(info)
     if hasattr(state, "logdensity") and jnp.ndim(state.logdensity) == 0:
         stats["lp"] = state.logdensity
+    if not hasattr(state, "position") and hasattr(state, "_fields"):
+        raise TypeError(
+            f"run: this kernel's state ({type(state).__name__}, fields {list(state._fields)}) "
+            "has no `position`, which the default extract stores as the draws. Pass "
+            "cr.Kernel(init=..., step=..., extract=lambda state, info: (draws, stats)) with "
+            "the draws you want (blackjax.orbital_hmc: state.positions and state.weights)."
+        )
     return getattr(state, "position", state), stats
 
 
@@ -181,15 +188,42 @@ class Adapter:
         """
         return {}
 
+    def dims(self) -> dict[str, list[str]]:
+        """The model's own dimension names per variable (numpyro plates, PyMC dims, ...).
+
+        ``Trace.to_arviz`` uses them unless its ``dims`` says otherwise.
+        """
+        return {}
+
+    def attrs(self) -> dict[str, Any]:
+        """Attributes for the trace, as ArviZ's converters write them
+        (``inference_library``, ``inference_library_version``)."""
+        return {}
+
 
 class FixedKernel(Adapter):
     """The adapter of a ready ``Kernel``: the same kernel whatever the warmup."""
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, library: str | None = None):
         self._kernel = kernel
+        self._library = library
 
     def __repr__(self) -> str:
         return f"FixedKernel({self._kernel!r})"
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         return self._kernel
+
+    def attrs(self) -> dict[str, Any]:
+        return library_attrs(self._library) if self._library else {}
+
+
+def library_attrs(name: str) -> dict[str, str]:
+    """``{"inference_library": name, "inference_library_version": its version}``."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"inference_library": name, "inference_library_version": version}

@@ -370,6 +370,7 @@ def _assemble(
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
         **(c.until.attrs() if c.until is not None else {}),
+        **adapter.attrs(),
     }
     params = warm.kernel.params
     return Trace(
@@ -382,6 +383,7 @@ def _assemble(
         attrs=attrs,
         groups=adapter.groups(draws, complete=not sampled.interrupted),
         kernel_params=None if params is None else _distributed.to_host(params),
+        dims=adapter.dims(),
     )
 
 

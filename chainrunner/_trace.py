@@ -30,6 +30,8 @@ class Trace:
         kernel_params: the kernel's parameters the run sampled with (``Kernel.params``:
             model data, or the shared step size of a cross-chain warmup), so that a
             continued run samples with the same ones.
+        dims: the model's own dimension names per variable (numpyro plate names and
+            ``event_dims``), the default ``dims`` of ``to_arviz``.
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -49,6 +51,7 @@ class Trace:
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     kernel_params: Any = None
+    dims: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def diagnostics(self) -> Any:
@@ -84,18 +87,40 @@ class Trace:
 
         return int(np.shape(jax.tree.leaves(self.draws)[0])[1])
 
-    def to_arviz(self, coords: dict | None = None, dims: dict | None = None) -> Any:
+    def to_arviz(
+        self,
+        coords: dict | None = None,
+        dims: dict | None = None,
+        *,
+        constant_data: dict | None = None,
+        posterior_predictive: dict | None = None,
+        predictions: dict | None = None,
+        predictions_constant_data: dict | None = None,
+        prior: dict | None = None,
+    ) -> Any:
         """Converts to ArviZ data.
 
         With arviz < 1 this is an ``az.InferenceData``; with arviz >= 1 an
         ``xarray.DataTree``. Groups: ``posterior`` (the draws), ``sample_stats``,
-        ``warmup_posterior``/``warmup_sample_stats`` when warmup was kept, and the
-        trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...).
-        ``attrs`` of every group hold the run metadata.
+        ``warmup_posterior``/``warmup_sample_stats`` when warmup was kept, the
+        trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...), and the
+        groups given here. ``attrs`` of every group hold the run metadata.
 
         Args:
-            coords: ArviZ coordinates, e.g. ``{"school": names}``.
-            dims: ArviZ dimensions per variable, e.g. ``{"theta": ["school"]}``.
+            coords: ArviZ coordinates, e.g. ``{"school": names}``; for a numpyro model,
+                by plate name.
+            dims: ArviZ dimensions per variable, e.g. ``{"theta": ["school"]}``; they
+                update the model's own (``Trace.dims``: numpyro plate names and
+                ``event_dims``), which are the default.
+            constant_data: ``{name: array}``, data the model conditions on (ArviZ's
+                ``constant_data``).
+            posterior_predictive: ``{name: (chain, draw, ...) array}``, e.g. the output
+                of ``numpyro.infer.Predictive(model, posterior_samples=trace.draws,
+                batch_ndims=2)``.
+            predictions: ``{name: (chain, draw, ...) array}``: out-of-sample predictions.
+            predictions_constant_data: ``{name: array}``: the data of ``predictions``.
+            prior: ``{name: (chain, draw, ...) array}``: prior draws (add a leading
+                chain axis of 1 to ``Predictive(model, num_samples=n)`` output).
 
         Returns:
             ``az.InferenceData`` (arviz < 1) or ``xarray.DataTree`` (arviz >= 1).
@@ -112,4 +137,11 @@ class Trace:
         """
         from ._arviz import to_arviz
 
-        return to_arviz(self, coords=coords, dims=dims)
+        extra = {
+            "constant_data": constant_data,
+            "posterior_predictive": posterior_predictive,
+            "predictions": predictions,
+            "predictions_constant_data": predictions_constant_data,
+            "prior": prior,
+        }
+        return to_arviz(self, coords=coords, dims=dims, extra=extra)

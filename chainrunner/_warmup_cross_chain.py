@@ -29,6 +29,7 @@ from ._kernel import (
     WarmupRequest,
     default_extract,
     default_logdensity,
+    library_attrs,
 )
 from ._lru import LRU
 from ._naming import warmup_stats
@@ -212,6 +213,9 @@ class CrossChainAdaptation(Adapter):
 
     def __repr__(self) -> str:
         return f"CrossChainAdaptation({self.adaptation!r}, {self.options})"
+
+    def attrs(self) -> dict[str, Any]:
+        return library_attrs("blackjax")
 
     def sampling_kernel(self, params: Any = None) -> Kernel:
         """The sampling ``Kernel`` (the same functions always) with ``params``.

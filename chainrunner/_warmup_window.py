@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ._kernel import Adapter, Kernel, default_extract, default_logdensity
+from ._kernel import Adapter, Kernel, default_extract, default_logdensity, library_attrs
 from ._lru import LRU
 
 
@@ -174,6 +174,9 @@ class WindowAdaptation(Adapter):
     def __repr__(self) -> str:
         name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
         return f"WindowAdaptation({name}, {self.options})"
+
+    def attrs(self) -> dict[str, Any]:
+        return library_attrs("blackjax")
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``cr.Kernel`` that adapts during the first ``num_warmup`` steps.

@@ -27,6 +27,7 @@ IMAGES = os.path.join(DOCS, "images")
 # page -> file names of the figures its ```py blocks draw, in order.
 FIGURES = {
     "quickstart.md": ["quickstart-trace.png"],
+    "how-many-draws.md": ["how-many-draws-rhat.png"],
     "tutorial-eight-schools.md": [
         "eight-schools-trace.png",
         "eight-schools-rank.png",

@@ -251,3 +251,24 @@ def test_monitor_values_reads_rhat_and_ess():
     draws = np.random.default_rng(0).normal(size=(4, 200))
     out = _diagnostics.monitor_values(draws)
     assert set(out) == {"rhat", "ess"} and float(out["rhat"]) < 1.05
+
+
+ARVIZ_MISSING = """
+import sys
+sys.modules["arviz"] = None  # `import arviz` now raises ImportError, on every thread
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import blackjax, jax.numpy as jnp
+import chainrunner as cr
+nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
+try:
+    cr.run(nuts, jax.random.key(0), jnp.zeros((2, 2)), 20, progress=False)
+except ImportError as e:
+    print("raised:", e)
+"""
+
+
+def test_arviz_import_error_on_the_preload_thread_reaches_the_caller():
+    out = subprocess.run([sys.executable, "-c", ARVIZ_MISSING], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "raised:" in out.stdout and "arviz" in out.stdout, out.stdout + out.stderr[-2000:]

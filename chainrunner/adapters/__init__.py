@@ -25,6 +25,7 @@ def from_numpyro(
     model_args: tuple = (),
     model_kwargs: dict | None = None,
     log_likelihood: bool = False,
+    data: str = "auto",
 ) -> Any:
     """Wraps a numpyro ``MCMCKernel`` (or a model function: NUTS) for ``cr.run``.
 
@@ -40,7 +41,11 @@ def from_numpyro(
     from ._numpyro import from_numpyro as impl
 
     return impl(
-        kernel, model_args=model_args, model_kwargs=model_kwargs, log_likelihood=log_likelihood
+        kernel,
+        model_args=model_args,
+        model_kwargs=model_kwargs,
+        log_likelihood=log_likelihood,
+        data=data,
     )
 
 
@@ -63,7 +68,7 @@ def as_adapter(kernel: Any, where: str = "run") -> Adapter:
     if isinstance(kernel, Kernel):
         return FixedKernel(kernel)
     if is_sampling_algorithm(kernel):
-        return FixedKernel(from_blackjax(kernel))
+        return FixedKernel(from_blackjax(kernel), library="blackjax")
     if (type(kernel).__module__ or "").startswith("numpyro."):
         return from_numpyro(kernel)
     if isinstance(kernel, types.FunctionType):

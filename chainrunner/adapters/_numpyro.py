@@ -64,6 +64,47 @@ def _split_args(model_args: tuple, model_kwargs: dict) -> tuple[list, Any, tuple
     return params, treedef, mask, statics
 
 
+DATA_MODES = ("auto", "inputs", "constants")
+
+# What numpy (or Python) code on a traced array raises: the model needs concrete data.
+_NEEDS_CONCRETE = (
+    jax.errors.TracerArrayConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def _data_mode(model: Any, data: str, split: tuple) -> tuple[str, str]:
+    """``(mode, why)``: the model's array arguments as program inputs, or closed over.
+
+    ``"auto"`` traces the model abstractly with its data as inputs (``eval_shape``: no
+    computation); a model that runs numpy (or Python control flow) on its data cannot be
+    traced so, and gets its data closed over as constants, as numpyro's own ``MCMC`` does
+    by default (``jit_model_args=False``).
+    """
+    params, treedef, mask, statics = split
+    if data != "auto":
+        return data, "chosen (data=...)"
+    if model is None or not params:
+        return "inputs", "no array data"
+
+    def probe(params):
+        args, kwargs = _merge(list(params), treedef, mask, statics)
+        _model_trace(model, args, kwargs)
+
+    try:
+        jax.eval_shape(probe, params)
+    except _NEEDS_CONCRETE as e:
+        return "constants", (
+            f"the model needs concrete data ({type(e).__name__}): its data are closed over, "
+            "and new data recompile"
+        )
+    except Exception:  # any other failure shows when the kernel runs, as before
+        pass
+    return "inputs", "the model traces with its data as program inputs"
+
+
 def _static_key(statics: tuple) -> Any:
     try:
         hash(statics)
@@ -132,6 +173,27 @@ def _observed_values(model: Any, args: tuple, kwargs: dict) -> dict[str, np.ndar
     return {name: np.asarray(value) for name, value in found.items()}
 
 
+def _plate_dims(model: Any, args: tuple, kwargs: dict) -> dict[str, list[str]]:
+    """``{site: plate names (outermost first) + event dims}`` from an abstract trace."""
+    found: dict[str, list[str]] = {}
+
+    def collect() -> None:
+        for name, site in _model_trace(model, args, kwargs).items():
+            if site["type"] not in ("sample", "deterministic"):
+                continue
+            frames = sorted(site.get("cond_indep_stack", ()), key=lambda f: f.dim)
+            event = list((site.get("infer") or {}).get("event_dims", []))
+            names = [f.name for f in frames] + event
+            if names:
+                found[name] = names
+
+    try:
+        jax.eval_shape(collect)
+    except Exception:  # a model that cannot be traced abstractly: no dims, as before
+        return {}
+    return found
+
+
 def _check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> None:
     tr = _model_trace(model, args, kwargs)
     latent = [
@@ -189,27 +251,28 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
     model = getattr(nk, "model", None)
     algo = getattr(nk, "_algo", None)
     field = getattr(nk, "sample_field", "z")
-    # The params leaves that nk's closures were last built with (compared by identity):
-    # a trace that samples with other params (another compiled program) re-initialises.
+    # The trace and params leaves that nk's closures were last built in (by identity):
+    # any other trace (another program, eval_shape, a loop body) re-initialises, so the
+    # closures never hold values of another trace (HMCECS's proxy computes from the data).
     bound: list[Any] = [None]
 
     def unpack(params):
         return _merge(list(params), treedef, mask, statics)
 
     def bind(params, z):
-        leaves = list(params)
+        now = [_current_trace(), *params]
         last = bound[0]
-        if last is not None and len(last) == len(leaves) and all(map(_same, last, leaves)):
+        if last is not None and len(last) == len(now) and all(map(_same, last, now)):
             return
         args, kwargs = unpack(params)
         # Side effects only: rebuilds nk's closures in this trace; the result is unused.
         nk.init(jax.random.key(0), num_warmup, None if model is not None else z, args, kwargs)
-        bound[0] = leaves
+        bound[0] = now
 
     def init(position, rng_key, params):
         args, kwargs = unpack(params)
         state = _init_state(nk, model, rng_key, num_warmup, position, args, kwargs)
-        bound[0] = list(params)
+        bound[0] = [_current_trace(), *params]
         return state
 
     def step(rng_key, state, params):
@@ -230,6 +293,13 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
 
 def _same(a: Any, b: Any) -> bool:
     return a is b
+
+
+def _current_trace() -> Any:
+    """The JAX trace being built now (the object identifies it), or ``None``."""
+    from jax._src import core
+
+    return getattr(getattr(core, "trace_ctx", None), "trace", None)
 
 
 class NumpyroKernel(Adapter):
@@ -261,15 +331,22 @@ class NumpyroKernel(Adapter):
         model_args: tuple = (),
         model_kwargs: dict | None = None,
         log_likelihood: bool = False,
+        data: str = "auto",
     ):
         self.kernel = kernel
         self.want_log_likelihood = bool(log_likelihood)
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-        params, treedef, mask, statics = _split_args(self.model_args, self.model_kwargs)
+        split = _split_args(self.model_args, self.model_kwargs)
+        self.data, self.data_reason = _data_mode(getattr(kernel, "model", None), data, split)
+        if self.data == "constants":  # every leaf closed over: no program inputs
+            leaves = jax.tree.leaves((self.model_args, self.model_kwargs))
+            split = ([], split[1], (False,) * len(leaves), tuple(leaves))
+        params, treedef, mask, statics = split
         self._params = tuple(params)
         self._structure = (treedef, mask, statics)
         self._observed: dict[str, np.ndarray] | None = None
+        self._dims: dict[str, list[str]] | None = None
 
     def __repr__(self) -> str:
         return f"NumpyroKernel({type(self.kernel).__name__}, {len(self.model_args)} model_args)"
@@ -319,6 +396,26 @@ class NumpyroKernel(Adapter):
             params=self._params,
             needs_position=getattr(self.kernel, "model", None) is None,
         )
+
+    def dims(self) -> dict[str, list[str]]:
+        """Dims of the model's sites from its plates and ``infer={"event_dims": ...}``.
+
+        As ArviZ's numpyro converter infers them: for each sample and deterministic site,
+        the names of its plates (outermost first), then its event dims.
+        """
+        if self._dims is None:
+            model = getattr(self.kernel, "model", None)
+            self._dims = {} if model is None else _plate_dims(model, self.model_args,
+                                                               self.model_kwargs)  # fmt: skip
+        return dict(self._dims)
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "inference_library": "numpyro",
+            "inference_library_version": numpyro.__version__,
+            "numpyro_data": self.data,
+            "numpyro_data_reason": self.data_reason,
+        }
 
     def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:
         """``observed_data`` from the model arguments; ``log_likelihood`` when asked for.
@@ -389,6 +486,7 @@ def from_numpyro(
     model_args: tuple = (),
     model_kwargs: dict | None = None,
     log_likelihood: bool = False,
+    data: str = "auto",
 ) -> NumpyroKernel:
     """Wraps a numpyro ``MCMCKernel`` (or a model function, run with NUTS) for ``cr.run``.
 
@@ -411,6 +509,13 @@ def from_numpyro(
             (rebound to the new arguments, if any are given).
         model_args: positional arguments of the model.
         model_kwargs: keyword arguments of the model.
+        data: how the array leaves of the model arguments enter the compiled program:
+            ``"inputs"`` (arguments: new data of the same shapes reuse it),
+            ``"constants"`` (closed over, as numpyro's ``MCMC`` does by default: for
+            models that run numpy on their data; new data recompile), or ``"auto"`` (the
+            default): inputs if the model traces with its data as inputs, else
+            constants. ``trace.attrs["numpyro_data"]`` records the mode and
+            ``["numpyro_data_reason"]`` why.
         log_likelihood: also compute the pointwise log likelihood of the observed
             sites at every draw (ArviZ's ``log_likelihood`` group, for LOO/WAIC).
 
@@ -442,14 +547,18 @@ def from_numpyro(
         raise TypeError(
             f"{where}: model_kwargs must be a dict or None, got {type(model_kwargs).__name__}."
         )
+    if data not in DATA_MODES:
+        raise ValueError(f"{where}: data must be one of {DATA_MODES}, got {data!r}.")
     if isinstance(kernel, NumpyroKernel):
-        if not model_args and not model_kwargs and log_likelihood == kernel.want_log_likelihood:
+        same = log_likelihood == kernel.want_log_likelihood and data in ("auto", kernel.data)
+        if not model_args and not model_kwargs and same:
             return kernel
         return NumpyroKernel(
             kernel.kernel,
             model_args or kernel.model_args,
             model_kwargs if model_kwargs is not None else kernel.model_kwargs,
             log_likelihood,
+            data,
         )
     if isinstance(kernel, types.FunctionType):
         model = kernel
@@ -469,7 +578,7 @@ def from_numpyro(
             f"{where}: {type(kernel).__name__} is an ensemble kernel (its chains move together); "
             "chainrunner runs independent chains. Use NUTS, HMC, BarkerMH or SA."
         )
-    return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood)
+    return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood, data)
 
 
 def is_model(fn: Any) -> bool:
