@@ -128,9 +128,9 @@ def evaluate(draws: Any, target: Converged, superchains: np.ndarray | None) -> S
     x, _ = columns(draws)
     x = np.where(np.isfinite(x), x, np.nan)
     num_chains = x.shape[0]
-    rhat = _worst(_convergence.rhat(x), True) if num_chains >= 2 else 1.0
-    bulk = _worst(_convergence.ess_bulk(x), False)
-    tail = _worst(_convergence.ess_tail(x), False)
+    r, b, t = _convergence.rhat_and_ess(x)
+    rhat = _worst(r, True) if num_chains >= 2 else 1.0
+    bulk, tail = _worst(b, False), _worst(t, False)
     nested = None
     if superchains is not None:
         nested = _worst(_convergence.nested_rhat(x, superchains), True)

@@ -107,3 +107,49 @@ def test_hmcecs_with_a_taylor_proxy_matches_numpyros_mcmc():
     ref_mean = theirs.mean(axis=(0, 1))
     ref_mcse = [float(az.mcse(theirs[:, :, j])) for j in range(3)]
     _within_mcse(trace.draws["theta"], ref_mean, ref_mcse, "theta")
+
+
+def _discrete(y):
+    z = numpyro.sample("z", dist.Bernoulli(0.3))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+    numpyro.sample("y", dist.Normal(mu + 2.0 * z, 1.0), obs=y)
+
+
+def _gibbs_z(rng_key, gibbs_sites, hmc_sites):
+    y, mu = np.array([1.0, 2.5, 1.8, 2.2]), hmc_sites["mu"]
+    logit = jnp.log(0.3 / 0.7) + jnp.sum(
+        dist.Normal(mu + 2.0, 1.0).log_prob(y) - dist.Normal(mu, 1.0).log_prob(y)
+    )
+    return {"z": dist.Bernoulli(logits=logit).sample(rng_key)}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: numpyro.infer.MixedHMC(numpyro.infer.HMC(_discrete, trajectory_length=1.2)),
+        lambda: numpyro.infer.DiscreteHMCGibbs(NUTS(_discrete)),
+        lambda: numpyro.infer.HMCGibbs(NUTS(_discrete), gibbs_fn=_gibbs_z, gibbs_sites=["z"]),
+    ],
+    ids=["MixedHMC", "DiscreteHMCGibbs", "HMCGibbs"],
+)
+def test_discrete_kernels_match_numpyros_mcmc(make):
+    y = np.array([1.0, 2.5, 1.8, 2.2])
+    trace = cr.run(cr.from_numpyro(make(), model_args=(y,)), jax.random.key(3), None, 1000,
+                   num_warmup=500, num_chains=4, mesh=cr.chain_mesh(2), progress=False,
+                   warn=False)  # fmt: skip
+    mcmc = MCMC(make(), num_warmup=500, num_samples=1000, num_chains=4,
+                chain_method="sequential", progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(3), y)
+    import arviz as az
+
+    for site in ("mu", "z"):
+        theirs = np.asarray(mcmc.get_samples(group_by_chain=True)[site], np.float64)
+        _within_mcse(trace.draws[site], [theirs.mean()], [float(az.mcse(theirs))], site)
+
+
+def test_blackjax_state_without_position_is_a_clear_error():
+    import blackjax
+
+    orbital = blackjax.orbital_hmc(lambda x: -0.5 * jnp.sum(x**2), 0.1, jnp.ones(2), 10)
+    with pytest.raises(TypeError, match=r"has no `position`.*cr\.Kernel\(.*extract="):
+        cr.run(orbital, jax.random.key(0), jnp.zeros((2, 2)), 5, progress=False, warn=False)

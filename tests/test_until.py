@@ -43,6 +43,17 @@ def test_vectorised_diagnostics_equal_arviz(seed):
     ):
         expected = np.array([_arviz(x[:, :, j], method) for j in range(4)])
         np.testing.assert_allclose(ours(x), expected, rtol=1e-9, err_msg=name)
+        together = _convergence.rhat_and_ess(x)[("rhat", "bulk", "tail").index(name)]
+        np.testing.assert_allclose(together, expected, rtol=1e-9, err_msg=name)
+
+
+def test_average_ranks_equal_scipy():
+    from scipy.stats import rankdata
+
+    x = np.round(np.random.default_rng(7).normal(size=(301, 5)), 1)  # many ties
+    np.testing.assert_array_equal(
+        _convergence.average_ranks(x), rankdata(x, method="average", axis=0)
+    )
 
 
 def test_nested_rhat_equals_arviz_stats():

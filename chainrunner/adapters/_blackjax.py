@@ -40,6 +40,14 @@ def is_sampling_algorithm(obj: Any) -> bool:
     )
 
 
+def _factory_name(factory: Any) -> str:
+    """``blackjax.mala`` for blackjax's factory objects (they have no ``__name__``)."""
+    module = getattr(getattr(factory, "differentiable", None), "__module__", "") or ""
+    if module.startswith("blackjax."):
+        return "blackjax." + module.rsplit(".", 1)[-1]
+    return getattr(factory, "__name__", type(factory).__name__)
+
+
 def _takes_mass_matrix(factory: Callable) -> bool:
     """Whether ``factory(logdensity_fn, step_size, inverse_mass_matrix)`` fits its signature.
 
@@ -240,7 +248,7 @@ def from_blackjax_adaptive(
         if not _takes_mass_matrix(algorithm):
             raise TypeError(
                 f"{where}: adaptation='window' adapts a step size and an inverse mass matrix, "
-                f"but {getattr(algorithm, '__name__', algorithm)!r} takes no "
+                f"but {_factory_name(algorithm)} takes no "
                 "inverse_mass_matrix. Window adaptation supports factories called as "
                 "algorithm(logdensity_fn, step_size, inverse_mass_matrix) (blackjax.nuts, "
                 "blackjax.hmc, blackjax.barker_proposal); pass a built algorithm with a fixed "
