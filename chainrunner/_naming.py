@@ -56,11 +56,14 @@ def tree_depth(num_steps: jax.Array) -> jax.Array:
     return jnp.where(n > 0, 32 - jax.lax.clz(n), 0).astype(jnp.int32)
 
 
-def numpyro_stats(state: Any, algo: str | None) -> dict[str, jax.Array]:
+def numpyro_stats(
+    state: Any, algo: str | None, max_tree_depth: int | None = None
+) -> dict[str, jax.Array]:
     """The stats of a numpyro sampler state (``HMCState`` and the like) in ArviZ names.
 
     ``lp`` is the negated ``potential_energy``; NUTS gets ``tree_depth`` from
-    ``num_steps``; ``step_size`` comes from the adaptation state.
+    ``num_steps`` and, given its ``max_tree_depth``, ``reached_max_tree_depth`` (as
+    ArviZ 1.x's numpyro converter); ``step_size`` comes from the adaptation state.
     """
     fields = state._asdict() if hasattr(state, "_asdict") else {}
     stats = {}
@@ -71,6 +74,8 @@ def numpyro_stats(state: Any, algo: str | None) -> dict[str, jax.Array]:
             stats[STAT_NAMES.get(field, field)] = fields[field]
     if algo == "NUTS" and "num_steps" in fields:
         stats["tree_depth"] = tree_depth(fields["num_steps"])
+        if max_tree_depth is not None:
+            stats["reached_max_tree_depth"] = stats["tree_depth"] >= max_tree_depth
     step_size = getattr(fields.get("adapt_state"), "step_size", None)
     if _scalar(step_size):
         stats["step_size"] = step_size

@@ -56,9 +56,9 @@ def test_groups_dims_and_coords_equal_arviz_from_numpyro(both):
         for name in b.data_vars:
             assert a[name].dims == b[name].dims, (group, name)
         assert list(a["school"].values) == list(b["school"].values) == SCHOOLS
-    assert set(_group(theirs, "sample_stats").data_vars) <= set(
-        _group(ours, "sample_stats").data_vars
-    ) | {"lp"}
+    stats = set(_group(ours, "sample_stats").data_vars)
+    assert set(_group(theirs, "sample_stats").data_vars) <= stats | {"lp"}
+    assert "reached_max_tree_depth" in stats and trace.stats["reached_max_tree_depth"].dtype == bool
     post, obs = _group(ours, "posterior"), _group(ours, "observed_data")
     assert (post["theta"] - obs["obs"]).shape == (2, 100, 8)  # one axis, not an outer product
     attrs = post.attrs

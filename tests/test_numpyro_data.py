@@ -56,6 +56,16 @@ def test_model_with_numpy_on_its_data_runs_with_data_closed_over():
         means = [ref[k]["mean"] for k in labels]
         mcses = [ref[k]["mcse_mean"] for k in labels]
         _within_mcse(trace.draws[site], means, mcses, site)
+    mcmc = MCMC(NUTS(ar_k), num_warmup=500, num_samples=500, num_chains=4,
+                chain_method="sequential", progress_bar=False)  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), data["K"], y)  # numpyro's own run of the same model
+    import arviz as az
+
+    for site, theirs in mcmc.get_samples(group_by_chain=True).items():
+        theirs = np.asarray(theirs, np.float64).reshape(4, 500, -1)
+        means = theirs.mean(axis=(0, 1))
+        mcses = [float(az.mcse(theirs[:, :, j])) for j in range(theirs.shape[2])]
+        _within_mcse(trace.draws[site], means, mcses, site)
     forced = cr.from_numpyro(NUTS(ar_k), model_args=(data["K"], y), data="inputs")
     with pytest.raises(jax.errors.TracerArrayConversionError):
         cr.run(forced, jax.random.key(0), None, 10, num_chains=2, progress=False)

@@ -250,6 +250,9 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
     nk = _private_copy(kernel)
     model = getattr(nk, "model", None)
     algo = getattr(nk, "_algo", None)
+    max_depth = getattr(nk, "_max_tree_depth", None)
+    if isinstance(max_depth, tuple):  # (warmup, sampling) depths: report the sampling one
+        max_depth = max_depth[-1]
     field = getattr(nk, "sample_field", "z")
     # The trace and params leaves that nk's closures were last built in (by identity):
     # any other trace (another program, eval_shape, a loop body) re-initialises, so the
@@ -286,7 +289,7 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
         args, kwargs = unpack(params)
         z = getattr(state, field)
         draw = nk.postprocess_fn(args, kwargs)(z) if model is not None else z
-        return draw, numpyro_stats(state, algo)
+        return draw, numpyro_stats(state, algo, max_depth)
 
     return init, step, extract, _logdensity
 
