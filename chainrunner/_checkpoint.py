@@ -313,10 +313,22 @@ class Checkpoint:
         )
 
     def flush(self) -> None:
-        """Waits for the write in flight, if any (re-raising its error)."""
-        job, self._job = self._job, None
-        if job is not None:
+        """Waits for the write in flight, if any (re-raising its error).
+
+        A Ctrl-C while waiting leaves the write registered, so that the next ``flush``
+        waits for it again (it is never forgotten, nor its error).
+        """
+        job = self._job
+        if job is None:
+            return
+        try:
             job.result()
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            self._job = None
+            raise
+        self._job = None
 
     # -- reading -------------------------------------------------------------------
     def read_chunks(self) -> list[dict[str, tuple[int, dict[str, np.ndarray]]]]:

@@ -188,7 +188,7 @@ def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
     check_init(options["on_bad_init"], options["init_jitter"])
     superchains = options.get("superchains")
     if superchains is not None:
-        superchains = check_int("superchains", superchains, minimum=1, where=where)
+        superchains = check_int("superchains", superchains, minimum=2, where=where)
     return Plan(
         rng_key=check_key(rng_key, where),
         num_samples=num_samples,

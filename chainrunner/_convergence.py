@@ -146,11 +146,19 @@ def tail_quantiles(flat: np.ndarray) -> np.ndarray:
     falls). arviz >= 1 (arviz-stats): ``1 - p`` and ``p`` with
     ``p = rcParams["stats.ci_prob"]`` (0.89 by default), by ``numpy.quantile``.
     """
+    low, high = tail_probs()
+    if _arviz_base() is None:  # arviz 0.x
+        return _type7(flat, (low, high))
+    return np.quantile(flat, [low, high], axis=0)
+
+
+def tail_probs() -> list[float]:
+    """The probabilities of the tail-ESS quantiles of the installed ArviZ."""
     base = _arviz_base()
-    if base is None:  # arviz 0.x
-        return _type7(flat, (0.05, 0.95))
+    if base is None:
+        return [0.05, 0.95]
     p = float(base.rcParams["stats.ci_prob"])
-    return np.quantile(flat, sorted((p, 1 - p)), axis=0)
+    return sorted((p, 1 - p))
 
 
 @functools.cache

@@ -121,12 +121,14 @@ class Collector:
         host = _distributed.to_host(out) if parts else None
         for part in parts:
             part.sink.write(host, part.at, part.src)
+        # The chunk is collected: the buffers, draws_done and state agree from here on,
+        # whatever interrupts what follows (a Ctrl-C while the checkpoint writer waits).
+        self.draws_done, self.state = hi, state
         if parts and parts[-1].prefix == "" and "diverging" in host[1]:
             src = parts[-1].src
             self.divergences += int(np.sum(host[1]["diverging"][: self.main.n, src]))
         if self.ckpt is not None:
             self._checkpoint(lo, hi, parts, host, state)
-        self.draws_done, self.state = hi, state
         if self.until is not None and hi > self.sched.warmup_draws:
             self.stop = self.until.after_chunk(self.main.filled, lambda: self.main.result()[0])
         self._progress(lo, hi, count)
@@ -140,7 +142,10 @@ class Collector:
         if self.until is None:
             return
         wd, step = self.sched.warmup_draws, self.sched.chunk_len
-        for end in range(step, restored + 1, step):
+        ends = list(range(step, restored + 1, step))
+        if restored and (not ends or ends[-1] != restored):
+            ends.append(restored)  # a shorter last chunk
+        for end in ends:
             if end > wd and not self.stop:
                 filled = end - wd
                 view = lambda f=filled: jax.tree.map(lambda a: a[:, :f], self.main.result()[0])  # noqa: E731

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from . import _checkpoint, _checks, _distributed, _loop, _mesh, _start
+from ._convergence import tail_probs
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
 from ._host import Collector, progress_bar
 from ._init import Initialised, initialise
@@ -271,6 +272,7 @@ def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
         "keep_warmup": plan.keep_warmup,
         **({"superchains": plan.superchains} if plan.superchains is not None else {}),
         **({"until": [float(v) for v in plan.until]} if plan.until is not None else {}),
+        **({"until_tail_probs": tail_probs()} if plan.until is not None else {}),
     }
 
 
@@ -328,11 +330,23 @@ def _sample(
         result = _loop.run_chunks(loop, state, placed, plan, sched, collector, first)
     finally:
         bar.close()
-        if ckpt is not None:
-            ckpt.flush()  # every collected chunk is on disk before run returns
+        stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []
-    return Sampled(collector, resumed, repaired, result.sampling_time, result.interrupted)
+    interrupted = result.interrupted or stopped
+    return Sampled(collector, resumed, repaired, result.sampling_time, interrupted)
+
+
+def _flush(ckpt: Any) -> bool:
+    """Waits for the checkpoint's last write; a Ctrl-C meanwhile waits on (returns True)."""
+    if ckpt is None:
+        return False
+    try:
+        ckpt.flush()
+    except KeyboardInterrupt:
+        ckpt.flush()  # the write in flight finishes: nothing is left half-committed
+        return True
+    return False
 
 
 def _until(plan: _checks.Plan, start: _start.Start) -> Until | None:
@@ -369,7 +383,7 @@ def _assemble(
         **({"resumed_from_draw": sampled.resumed_from} if sampled.resumed_from is not None else {}),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
-        **(c.until.attrs() if c.until is not None else {}),
+        **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
         **adapter.attrs(),
     }
     params = warm.kernel.params

@@ -126,8 +126,11 @@ def _worst(values: np.ndarray, largest: bool) -> float:
 def evaluate(draws: Any, target: Converged, superchains: np.ndarray | None) -> Status:
     """Checks ``draws`` (pytree of ``(chain, draw, ...)``) against ``target``."""
     x, _ = columns(draws)
-    x = np.where(np.isfinite(x), x, np.nan)
     num_chains = x.shape[0]
+    if not np.isfinite(x).all():  # a non-finite draw: not converged, whatever ranks say
+        return Status(
+            x.shape[1], math.inf, 0.0, 0.0, None if superchains is None else math.inf, False
+        )
     r, b, t = _convergence.rhat_and_ess(x)
     rhat = _worst(r, True) if num_chains >= 2 else 1.0
     bulk, tail = _worst(b, False), _worst(t, False)
@@ -161,9 +164,10 @@ class Until:
             self.stopped_at = filled
         return self.last.met
 
-    def attrs(self) -> dict[str, Any]:
+    def attrs(self, interrupted: bool = False) -> dict[str, Any]:
         """Why and when the run stopped, and the last check's values."""
-        out: dict[str, Any] = {"stopped": "converged" if self.stopped_at is not None else "cap"}
+        why = "converged" if self.stopped_at is not None else "cap"
+        out: dict[str, Any] = {"stopped": "interrupted" if interrupted else why}
         if self.last is not None:
             out.update(
                 until_checked_at_draw=self.last.draws,

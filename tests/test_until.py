@@ -208,3 +208,34 @@ def test_progress_bar_shows_the_targets(monkeypatch):
         warnings.simplefilter("ignore")
         cr.run(NUTS, jax.random.key(6), X0, 5000, until=TARGET, **KW)
     assert shown and shown[-1]["rhat"].endswith("/1.01") and shown[-1]["ess"].endswith("/300")
+
+
+def test_non_finite_draws_never_converge():
+    from chainrunner import _until
+
+    x = np.random.default_rng(8).normal(size=(4, 400, 2))
+    assert _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+    x[1, 7, 0] = np.nan
+    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+    x[1, 7, 0] = np.inf
+    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+
+
+def test_resume_replays_the_check_at_a_short_last_chunk(tmp_path):
+    target = cr.Converged(ess_bulk=10, ess_tail=10, min_draws=90)
+    args = (NUTS, jax.random.key(9), X0, 90)
+    first = cr.run(
+        *args, until=target, checkpoint=tmp_path / "c", **KW
+    )  # chunks of 20: 4 x 20 + 10
+    assert first.attrs["stopped"] == "converged" and first.num_draws == 90
+    again = cr.run(*args, until=target, checkpoint=tmp_path / "c", **KW)
+    assert again.attrs["stopped"] == "converged" and again.attrs["until_checked_at_draw"] == 90
+
+
+def test_one_superchain_is_refused_and_interrupted_runs_say_so(monkeypatch):
+    with pytest.raises(ValueError, match="superchains must be >= 2"):
+        cr.run(NUTS, jax.random.key(0), X0, 10, superchains=1, **KW)
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _StopAfter(3))
+    with pytest.warns(ChainrunnerWarning, match="interrupted"):
+        part = cr.run(NUTS, jax.random.key(0), X0, 5000, until=cr.Converged(ess_bulk=1e9), **KW)
+    assert part.attrs["stopped"] == "interrupted"
