@@ -211,8 +211,9 @@ def _arviz_stats(
 def _nested_rhat(draws: dict[str, np.ndarray], num_chains: int, superchains: int) -> dict:
     """Nested R-hat (max over elements) per variable: arviz-stats, or chainrunner's port."""
     from ._convergence import nested_rhat as port
+    from ._until import superchain_ids
 
-    ids = np.arange(num_chains) // (num_chains // superchains)
+    ids = superchain_ids(num_chains, superchains)
     try:
         from arviz_stats import rhat_nested
     except ImportError:  # arviz 0.x

@@ -112,6 +112,12 @@ class CrossChainWarmup(NamedTuple):
         draws: warmup draws ``(chain, draw, ...)`` (numpy), when kept, else ``None``.
         stats: warmup stats, when kept, else ``None``.
         attrs: adapted parameters to record in the trace's ``attrs``.
+
+    Examples:
+        >>> import chainrunner as cr
+        >>> kernel = cr.Kernel(init=lambda p, k: p, step=lambda k, x: (x, {}), params={"a": 1.0})
+        >>> cr.CrossChainWarmup(state=None, kernel=kernel, attrs={"adapted_a": 1.0}).draws is None
+        True
     """
 
     state: Any
@@ -132,6 +138,14 @@ class WarmupRequest(NamedTuple):
         num_warmup: warmup steps.
         mesh: the run's mesh.
         keep_warmup: also return the warmup draws and stats.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> request = cr.WarmupRequest(jax.random.key(0), jnp.zeros((8, 2)), num_chains=6,
+        ...                            num_warmup=100, mesh=cr.chain_mesh(1), keep_warmup=False)
+        >>> request.num_chains, request.state.shape  # 2 padding chains left out of statistics
+        (6, (8, 2))
     """
 
     rng_key: jax.Array

@@ -24,9 +24,6 @@ def _join_at_exit() -> None:
         thread.join()
 
 
-atexit.register(_join_at_exit)
-
-
 class Background:
     """``fn()`` on a daemon thread named ``name``; ``result()`` returns or re-raises.
 
@@ -46,6 +43,8 @@ class Background:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         with _LOCK:
+            if not _LIVE:  # registered with the first thread: nothing happens at import
+                atexit.register(_join_at_exit)
             _LIVE[:] = [t for t in _LIVE if t.is_alive()] + [self._thread]
         self._thread.start()
 

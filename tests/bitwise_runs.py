@@ -19,6 +19,7 @@ from collections.abc import Callable
 from unittest import mock
 
 import numpy as np
+from interrupting import InterruptingBar
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -44,27 +45,6 @@ def _flat(prefix: str, trace) -> dict[str, np.ndarray]:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
                 out[f"{prefix}/{name}{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
     return out
-
-
-class _InterruptingBar:
-    """A tqdm stand-in that raises KeyboardInterrupt at its ``at``-th update."""
-
-    def __init__(self, *args, at: int = 3, **kwargs):
-        self.calls, self.at = 0, at
-
-    def update(self, n=1):
-        self.calls += 1
-        if self.calls == self.at:
-            raise KeyboardInterrupt
-
-    def set_description(self, *a, **k):
-        pass
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
 
 
 def runs() -> dict[str, Callable[[], dict[str, np.ndarray]]]:
@@ -121,7 +101,7 @@ def runs() -> dict[str, Callable[[], dict[str, np.ndarray]]]:
             path = os.path.join(folder, "ckpt")
             args = (nuts, jax.random.key(4), x0, 20)
             opts = dict(chunk_size=4, checkpoint=path, mesh=cr.chain_mesh(2), **kw)
-            with mock.patch("tqdm.auto.tqdm", _InterruptingBar), warnings.catch_warnings():
+            with mock.patch("tqdm.auto.tqdm", InterruptingBar), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cr.run(*args, **opts)
             t = cr.run(*args, **opts)

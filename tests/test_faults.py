@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from interrupting import InterruptingBar
 
 import chainrunner as cr
 from chainrunner import _checkpoint, _run
@@ -32,22 +33,6 @@ KW = {"chunk_size": 5, "mesh": cr.chain_mesh(2), "progress": False, "warn": Fals
 ARGS = (NUTS, jax.random.key(11), X0, 20)
 
 
-class _StopAfter:
-    """A progress bar that stops the run (Ctrl-C) once ``chunks`` chunks are collected."""
-
-    def __init__(self, chunks):
-        self.calls, self.chunks = 0, chunks
-
-    def update(self, n=1):
-        self.calls += 1
-        if self.calls == self.chunks + 1:  # call 1: the start; call k + 1: chunk k
-            raise KeyboardInterrupt
-
-    def set_description(self, *a, **k): ...
-    def set_postfix(self, *a, **k): ...
-    def close(self): ...
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """``{"finished": folder, "half": folder}`` and the uninterrupted draws."""
@@ -55,7 +40,7 @@ def pristine(tmp_path_factory):
     full = cr.run(*ARGS, **KW)
     cr.run(*ARGS, checkpoint=root / "finished", **KW)
     real = _run.progress_bar
-    _run.progress_bar = lambda *a, **k: _StopAfter(2)
+    _run.progress_bar = lambda *a, **k: InterruptingBar(at=3)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ChainrunnerWarning)
@@ -293,7 +278,7 @@ def _round_trip(trace, tmp_path):
 
 
 def test_interrupted_resumed_and_cross_chain_runs_save_to_netcdf(tmp_path, monkeypatch):
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _StopAfter(1))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=2))
     with pytest.warns(ChainrunnerWarning, match="interrupted"):
         part = cr.run(*ARGS, checkpoint=tmp_path / "c", **KW)
     monkeypatch.undo()

@@ -12,6 +12,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from interrupting import InterruptingBar
 
 import chainrunner as cr
 from chainrunner import _checks, _compile, _diagnostics, _host, _loop, _programs, _start
@@ -179,19 +180,7 @@ def test_warnings_through_sample_point_at_the_callers_line():
 def test_interruption_warning_points_at_the_callers_line(monkeypatch):
     from chainrunner import _run
 
-    class Bar:
-        calls = 0
-
-        def update(self, n=1):
-            Bar.calls += 1
-            if Bar.calls == 3:
-                raise KeyboardInterrupt
-
-        def set_description(self, *a, **k): ...
-        def set_postfix(self, *a, **k): ...
-        def close(self): ...
-
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: Bar())
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=3))
     with pytest.warns(ChainrunnerWarning, match="interrupted") as caught:
         cr.sample(NUTS, jax.random.key(0), X0, 20, chunk_size=5, **KW)
     assert caught[0].filename == __file__

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from interrupting import InterruptingBar
 
 import chainrunner as cr
 from chainrunner import _programs, _run
@@ -145,31 +146,10 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
         assert 0 < int(r["resumed"]) < 3100  # it resumed: less work than starting over
 
 
-class _InterruptingBar:
-    """A progress bar that raises KeyboardInterrupt at its n-th update (as Ctrl-C would)."""
-
-    def __init__(self, at):
-        self.calls, self.at = 0, at
-
-    def update(self, n):
-        self.calls += 1
-        if self.calls == self.at:
-            raise KeyboardInterrupt
-
-    def set_description(self, *a, **k):
-        pass
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_keyboard_interrupt_keeps_the_draws(monkeypatch):
     full = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
     # update 1 is the bar's start; updates 2.. are chunks: stop during the 4th chunk.
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _InterruptingBar(at=5))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=5))
     with pytest.warns(ChainrunnerWarning, match=r"interrupted.*cr.run\(kernel, rng_key, trace"):
         part = cr.run(NUTS, jax.random.key(4), X0, 60, num_warmup=10, chunk_size=10, **KW)
     monkeypatch.undo()
@@ -184,7 +164,7 @@ def test_keyboard_interrupt_keeps_the_draws(monkeypatch):
 def test_keyboard_interrupt_with_checkpoint_resumes(monkeypatch, tmp_path):
     path = tmp_path / "ckpt"
     full = cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, **KW)
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _InterruptingBar(at=3))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=3))
     with pytest.warns(ChainrunnerWarning, match="same checkpoint"):
         cr.run(NUTS, jax.random.key(5), X0, 50, chunk_size=10, checkpoint=path, **KW)
     monkeypatch.undo()

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from interrupting import InterruptingBar
 
 import chainrunner as cr
 from chainrunner import _convergence, _run
@@ -102,26 +103,12 @@ def test_thinning_keep_and_continuation():
     assert more.attrs["stopped"] == "converged" and more.attrs["first_step"] == trace.num_steps
 
 
-class _StopAfter:
-    def __init__(self, chunks):
-        self.calls, self.chunks = 0, chunks
-
-    def update(self, n=1):
-        self.calls += 1
-        if self.calls == self.chunks + 1:
-            raise KeyboardInterrupt
-
-    def set_description(self, *a, **k): ...
-    def set_postfix(self, *a, **k): ...
-    def close(self): ...
-
-
 def test_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path, monkeypatch):
     args = (NUTS, jax.random.key(3), X0, 5000)
     full = cr.run(*args, until=TARGET, **KW)
     stop = full.num_draws
     assert stop >= 60  # so that the interrupted run below stopped before converging
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _StopAfter(2))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=3))
     with pytest.warns(ChainrunnerWarning, match="interrupted"):
         cr.run(*args, until=TARGET, checkpoint=tmp_path / "c", **KW)
     monkeypatch.undo()
@@ -199,11 +186,11 @@ def test_bad_targets(until, error, match):
 def test_progress_bar_shows_the_targets(monkeypatch):
     shown = []
 
-    class Bar(_StopAfter):
+    class Bar(InterruptingBar):
         def set_postfix(self, postfix, refresh=False):
             shown.append(dict(postfix))
 
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: Bar(10**9))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: Bar(at=10**9))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cr.run(NUTS, jax.random.key(6), X0, 5000, until=TARGET, **KW)
@@ -235,7 +222,7 @@ def test_resume_replays_the_check_at_a_short_last_chunk(tmp_path):
 def test_one_superchain_is_refused_and_interrupted_runs_say_so(monkeypatch):
     with pytest.raises(ValueError, match="superchains must be >= 2"):
         cr.run(NUTS, jax.random.key(0), X0, 10, superchains=1, **KW)
-    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: _StopAfter(3))
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=4))
     with pytest.warns(ChainrunnerWarning, match="interrupted"):
         part = cr.run(NUTS, jax.random.key(0), X0, 5000, until=cr.Converged(ess_bulk=1e9), **KW)
     assert part.attrs["stopped"] == "interrupted"
