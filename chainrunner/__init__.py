@@ -17,6 +17,7 @@ from ._run import run as run
 from ._run import sample as sample
 from ._trace import Trace as Trace
 from ._until import Converged as Converged
+from ._until import Forgotten as Forgotten
 from .adapters import adapted_parameters as adapted_parameters
 from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
@@ -27,6 +28,7 @@ __all__ = [
     "Converged",
     "CrossChainWarmup",
     "Diagnostics",
+    "Forgotten",
     "Kernel",
     "Trace",
     "WarmupRequest",

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ._until import check_until
+from ._until import check_forgotten, check_until
 
 DEFAULT_CHUNK_SIZE = 250
 """Draws per compiled call when ``chunk_size=None`` (fewer if the run is shorter)."""
@@ -165,6 +165,7 @@ class Plan(NamedTuple):
     init_jitter: float | Callable
     until: Any = None
     superchains: int | None = None
+    warmup_until: Any = None
 
 
 def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
@@ -189,6 +190,17 @@ def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
     superchains = options.get("superchains")
     if superchains is not None:
         superchains = check_int("superchains", superchains, minimum=2, where=where)
+    warmup_until = check_forgotten(options.get("warmup_until"))
+    if warmup_until is not None and superchains is None:
+        raise ValueError(
+            "run: warmup_until needs superchains (nested R-hat compares the chains of "
+            "superchains started from one point each); pass superchains=K."
+        )
+    if warmup_until is not None and options["checkpoint"] is not None:
+        raise ValueError(
+            "run: warmup_until does not work with checkpoint= yet (the warmup's length is "
+            "decided during the run); pass one or the other."
+        )
     return Plan(
         rng_key=check_key(rng_key, where),
         num_samples=num_samples,
@@ -212,4 +224,5 @@ def plan(rng_key: Any, num_samples: Any, **options: Any) -> Plan:
         init_jitter=options["init_jitter"],
         until=check_until(options.get("until")),
         superchains=superchains,
+        warmup_until=warmup_until,
     )

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _checks, _distributed, _loop, _mesh, _start
+from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start
 from ._convergence import tail_probs
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
 from ._host import Collector, progress_bar
@@ -34,7 +34,7 @@ from ._init import Initialised, initialise
 from ._kernel import Adapter, Kernel, WarmupRequest
 from ._programs import check_keep_names
 from ._trace import Trace
-from ._until import Converged, Until, superchain_ids
+from ._until import Converged, Forgotten, Until, superchain_ids
 from .adapters import as_adapter
 
 
@@ -80,6 +80,7 @@ def run(
     init_jitter: float | Callable = 1.0,
     until: Converged | None = None,
     superchains: int | None = None,
+    warmup_until: Forgotten | None = None,
 ) -> Trace:
     """Runs many chains of an MCMC kernel, spread over the devices of a mesh.
 
@@ -151,6 +152,12 @@ def run(
             superchain start from the same point (its first chain's initial position
             and init key), and ``trace.diagnostics`` reports nested R-hat (Margossian et
             al. 2024), which ``until`` can target.
+        warmup_until: ``cr.Forgotten(...)`` (needs ``superchains``): after the
+            ``num_warmup`` adaptation steps, warmup goes on in windows of draws until
+            a window's nested R-hat says the chains have forgotten where their
+            superchains started (Margossian et al. 2024's adaptive warmup length).
+            ``attrs["burn_in_steps"]`` records the steps added, ``attrs["warmup_forgotten"]``
+            whether the target was met. See ``cr.Forgotten``.
 
     Returns:
         A ``Trace`` with numpy ``draws`` and ``stats`` ``(chain, draw, ...)`` and the
@@ -180,7 +187,7 @@ def run(
         thinning=thinning, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
         progress=progress, keep_warmup=keep_warmup, keep=keep, checkpoint=checkpoint,
         monitor=monitor, warn=warn, on_bad_init=on_bad_init, init_jitter=init_jitter,
-        until=until, superchains=superchains,
+        until=until, superchains=superchains, warmup_until=warmup_until,
     )  # fmt: skip
     if plan.warn or plan.monitor:
         preload_arviz()  # overlaps the compilation
@@ -193,10 +200,11 @@ def run(
     warm = _warm_up(plan, adapter, start, placed, init.state)
     placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
+    warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
     sampled = _sample(plan, start, placed, sched, warm, loop)
     trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled,
                       compile_time + init.compile_time)  # fmt: skip
-    _report(plan, start, trace, sampled)
+    _report(plan, start, sched, trace, sampled)
     return trace
 
 
@@ -241,6 +249,39 @@ def _warm_up(
         )
     attrs = {**(out.attrs or {}), "warmup_time": time.perf_counter() - t0}
     return Warm(out.kernel, out.state, draws, stats, attrs)
+
+
+def _burn_in(
+    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
+    warm: Warm, loop: Any,
+) -> tuple[Warm, _loop.Schedule]:  # fmt: skip
+    """``warmup_until``: the in-loop adaptation, then windows until the chains forgot their start.
+
+    Returns what sampling starts from and the sampling schedule (its first step after the
+    whole warmup, no warmup draws left in the loop).
+    """
+    target = plan.warmup_until
+    if target is None:
+        return warm, sched
+    windows = _forget.Windows(loop, placed, sched.first_step, sched.chunk_len, plan.thinning)
+    ids = superchain_ids(start.num_chains, plan.superchains)
+    bar = progress_bar(
+        plan.progress, (sched.warmup_draws + target.max_draws) * plan.thinning, "warmup"
+    )
+    try:
+        out = _forget.burn_in(
+            windows, warm.state, sched.warmup_draws, target, ids, plan.keep_warmup, bar
+        )
+    finally:
+        bar.close()
+    kept = _forget.join_warmup((warm.draws, warm.stats), out.kept) or (None, None)
+    attrs = {**(warm.attrs or {}), **out.attrs(target, plan.thinning)}
+    sched = sched._replace(
+        first_step=sched.first_step + out.loop_draws * plan.thinning,
+        warmup_draws=0,
+        total_draws=plan.num_samples // plan.thinning,
+    )
+    return warm._replace(state=out.state, draws=kept[0], stats=kept[1], attrs=attrs), sched
 
 
 def _compile(
@@ -316,7 +357,7 @@ def _sample(
     warm: Warm, loop: Any,
 ) -> Sampled:  # fmt: skip
     """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
-    total = plan.num_warmup + plan.num_samples
+    total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
     try:
@@ -398,13 +439,17 @@ def _assemble(
         groups=adapter.groups(draws, complete=not sampled.interrupted),
         kernel_params=None if params is None else _distributed.to_host(params),
         dims=adapter.dims(),
+        coords=adapter.coords(),
     )
 
 
-def _report(plan: _checks.Plan, start: _start.Start, trace: Trace, sampled: Sampled) -> None:
+def _report(
+    plan: _checks.Plan, start: _start.Start, sched: _loop.Schedule, trace: Trace,
+    sampled: Sampled,
+) -> None:  # fmt: skip
     """Warns about an interruption (how to go on), or about what the diagnostics found."""
     if sampled.interrupted:
-        total = plan.num_warmup + plan.num_samples
+        total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
         done = trace.num_steps - start.first_step
         how = (
             "run the same call again (same checkpoint) to resume"

@@ -47,6 +47,11 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
         kernel = adapter.build_kernel(
             num_warmup=plan.num_warmup, previous_params=previous.kernel_params
         )
+        if plan.warmup_until is not None:
+            raise ValueError(
+                "run: warmup_until applies to a fresh run; the chains of a continued trace "
+                "are past their warmup (pass warmup_until=None to continue)."
+            )
         state = previous.final_state
         n = leading_size(state, "initial_position.final_state", where)
         start = Start(kernel, n, None, state, previous.num_steps, False)

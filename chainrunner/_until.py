@@ -83,6 +83,59 @@ def check_until(until: Any) -> Converged | None:
     return until
 
 
+class Forgotten(NamedTuple):
+    """Targets of ``run(..., warmup_until=...)``: warmup ends when chains forgot their start.
+
+    Needs ``superchains``. After the kernel's own ``num_warmup`` adaptation steps, the
+    adapted kernel runs on in windows of ``window`` kept draws; warmup ends after the
+    first window whose nested R-hat (every element of every variable, computed on that
+    window's draws alone) is at most ``nested_rhat``, or after ``max_draws`` such draws
+    (then with a warning: the chains may still remember their starting points).
+
+    Attributes:
+        nested_rhat: the largest nested R-hat accepted (Margossian et al. 2024 suggest
+            1.01 to 1.005 for many short chains).
+        window: kept draws per check (>= 4: nested R-hat splits each chain in halves).
+        max_draws: the most kept draws warmup adds after the adaptation (a multiple of
+            ``window``).
+
+    Examples:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(2))
+        >>> x0 = jnp.repeat(jnp.array([[-10.0, 10.0], [10.0, -10.0]]), 32, axis=0)
+        >>> trace = cr.run(nuts, jax.random.key(0), x0, 100, superchains=2, progress=False,
+        ...                warmup_until=cr.Forgotten(window=20), warn=False)
+        >>> trace.attrs["warmup_forgotten"], trace.attrs["burn_in_steps"] > 0
+        (True, True)
+    """
+
+    nested_rhat: float = 1.01
+    window: int = 50
+    max_draws: int = 1000
+
+
+def check_forgotten(value: Any) -> Forgotten | None:
+    """``value`` if it is ``None`` or a valid ``Forgotten``; else a clear error."""
+    if value is None:
+        return None
+    if not isinstance(value, Forgotten):
+        raise TypeError(f"run: warmup_until must be None or cr.Forgotten(...), got {value!r}.")
+    r = value.nested_rhat
+    if not (isinstance(r, (int, float)) and not isinstance(r, bool) and r >= 1.0):
+        raise ValueError(f"run: warmup_until.nested_rhat must be a number >= 1, got {r!r}.")
+    for name, low in (("window", 4), ("max_draws", 1)):
+        v = getattr(value, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"run: warmup_until.{name} must be an int >= {low}, got {v!r}.")
+    if value.max_draws % value.window:
+        raise ValueError(
+            f"run: warmup_until.max_draws={value.max_draws} must be a multiple of "
+            f"warmup_until.window={value.window} (warmup is added a window at a time)."
+        )
+    return value
+
+
 def columns(draws: Any) -> tuple[np.ndarray, list[str]]:
     """Every element of every draw leaf as a float64 column: ``(chain, draw, k)`` and names."""
     from ._naming import flat_dict
