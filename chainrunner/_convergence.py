@@ -36,14 +36,17 @@ def average_ranks(flat: np.ndarray) -> np.ndarray:
     n = cols.shape[1]
     order = np.argsort(cols, axis=1)  # ties are averaged: any order within them will do
     values = np.take_along_axis(cols, order, axis=1)
-    pos = np.arange(n)[None, :]
+    ranks = np.empty(values.shape)
     starts = np.ones(values.shape, bool)
     starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    if starts.all():  # no ties (continuous draws): the ranks are the positions
+        np.put_along_axis(ranks, order, np.arange(1.0, n + 1)[None, :], axis=1)
+        return ranks.T
+    pos = np.arange(n)[None, :]
     ends = np.ones(values.shape, bool)
     ends[:, :-1] = starts[:, 1:]
     first = np.maximum.accumulate(np.where(starts, pos, 0), axis=1)
     last = np.minimum.accumulate(np.where(ends, pos, n)[:, ::-1], axis=1)[:, ::-1]
-    ranks = np.empty(values.shape)
     np.put_along_axis(ranks, order, (first + last) / 2 + 1, axis=1)
     return ranks.T
 

@@ -133,6 +133,11 @@ class Collector:
             self.stop = self.until.after_chunk(self.main.filled, lambda: self.main.result()[0])
         self._progress(lo, hi, count)
 
+    def check_due(self, hi: int) -> bool:
+        """Whether collecting loop draws up to ``hi`` runs an ``until`` check."""
+        u, wd = self.until, self.sched.warmup_draws
+        return u is not None and u.stopped_at is None and hi - wd >= u.next_check
+
     def replay(self, restored: int) -> None:
         """The ``until`` checks of the chunks restored from a checkpoint, in order.
 

@@ -108,6 +108,13 @@ def run_chunks(
         return LoopResult(0.0, False)
     try:
         for at in range(first, sched.total_draws, sched.chunk_len):
+            if pending is not None and collector.check_due(pending[0] + pending[1]):
+                # A convergence check follows the chunk: collect it before starting the
+                # next, which would be thrown away if the check stops the run.
+                collector.collect(*pending)
+                pending = None
+                if collector.stop:
+                    break
             count = min(sched.chunk_len, sched.total_draws - at)
             start = np.int32(sched.first_step + at * plan.thinning)
             start, valid = _mesh.replicate((start, np.int32(count)), placed.mesh)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from . import _convergence
@@ -157,6 +158,7 @@ class Status(NamedTuple):
     ess_tail: float
     nested_rhat: float | None
     met: bool
+    complete: bool = True
 
     def postfix(self, target: Converged) -> dict[str, str]:
         """For the progress bar: each diagnostic's worst value against its target."""
@@ -176,25 +178,76 @@ def _worst(values: np.ndarray, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-def evaluate(draws: Any, target: Converged, superchains: np.ndarray | None) -> Status:
-    """Checks ``draws`` (pytree of ``(chain, draw, ...)``) against ``target``."""
-    x, _ = columns(draws)
+def _misses(x: np.ndarray, target: Converged, superchains: np.ndarray | None) -> tuple:
+    """``(status, how far each column misses its targets)``: 0 where a column meets them."""
     num_chains = x.shape[0]
-    if not np.isfinite(x).all():  # a non-finite draw: not converged, whatever ranks say
-        return Status(
-            x.shape[1], math.inf, 0.0, 0.0, None if superchains is None else math.inf, False
-        )
     r, b, t = _convergence.rhat_and_ess(x)
-    rhat = _worst(r, True) if num_chains >= 2 else 1.0
-    bulk, tail = _worst(b, False), _worst(t, False)
-    nested = None
-    if superchains is not None:
-        nested = _worst(_convergence.nested_rhat(x, superchains), True)
+    r = r if num_chains >= 2 else np.ones_like(r)
+    nested = None if superchains is None else _convergence.nested_rhat(x, superchains)
     # Many short chains: classic R-hat stays high only because the chains are short;
     # nested R-hat is the diagnostic for that regime (Margossian et al. 2024) and replaces it.
-    mixed = rhat <= target.rhat if nested is None else nested <= target.nested_rhat
+    mixing, limit = (r, target.rhat) if nested is None else (nested, target.nested_rhat)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        miss = np.nan_to_num(
+            np.maximum.reduce([
+                mixing / limit - 1.0,
+                1.0 - b / max(target.ess_bulk, 1e-300),
+                1.0 - t / max(target.ess_tail, 1e-300),
+            ]),
+            nan=np.inf,
+        )  # fmt: skip
+    rhat, bulk, tail = _worst(r, True), _worst(b, False), _worst(t, False)
+    worst_nested = None if nested is None else _worst(nested, True)
+    mixed = rhat <= target.rhat if nested is None else worst_nested <= target.nested_rhat
     met = mixed and bulk >= target.ess_bulk and tail >= target.ess_tail
-    return Status(x.shape[1], rhat, bulk, tail, nested, bool(met))
+    return Status(x.shape[1], rhat, bulk, tail, worst_nested, bool(met)), miss
+
+
+def evaluate(
+    draws: Any, target: Converged, superchains: np.ndarray | None, suspects: Any = None
+) -> tuple[Status, np.ndarray]:
+    """Checks ``draws`` (pytree of ``(chain, draw, ...)``) against ``target``.
+
+    ``suspects``: columns (indices into every element of every variable) that missed
+    at the last check (``"guess"``: those that cheap proxies say are likeliest to miss).
+    They are checked first, alone: when one of them still misses, the check ends there
+    (the run goes on either way, so the decision is the one a check of every column
+    gives) and costs a fraction of a whole check. Otherwise every column is checked.
+
+    Returns:
+        ``(status, suspects for the next check)``; ``status.complete`` says whether it
+        covers every column (else its values are those of the suspects).
+    """
+    x, _ = columns(draws)
+    if not np.isfinite(x).all():  # a non-finite draw: not converged, whatever ranks say
+        nested = None if superchains is None else math.inf
+        return Status(x.shape[1], math.inf, 0.0, 0.0, nested, False), np.arange(0)
+    if isinstance(suspects, str):  # "guess": the first check has no misses to go on
+        suspects = _guess(x)
+    if suspects is not None and 0 < len(suspects) < x.shape[2]:
+        status, miss = _misses(x[:, :, suspects], target, superchains)
+        if not status.met:
+            return status._replace(complete=False), np.asarray(suspects)[_worst_first(miss)]
+    status, miss = _misses(x, target, superchains)
+    return status, _worst_first(miss)
+
+
+def _guess(x: np.ndarray, keep: int = 2) -> np.ndarray:
+    """The columns likeliest to miss, by cheap proxies: lag-1 autocorrelation (low ESS)
+    plus the spread of the chain means over the variance (high R-hat)."""
+    centred = x - x.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = np.einsum("mnk,mnk->k", centred, centred) / (x.shape[0] * x.shape[1])
+        lag1 = np.einsum("mnk,mnk->k", centred[:, 1:], centred[:, :-1])
+        lag1 = lag1 / (x.shape[0] * (x.shape[1] - 1))
+        badness = np.nan_to_num((lag1 + x.mean(axis=1).var(axis=0)) / var, nan=np.inf)
+    return np.argsort(-badness, kind="stable")[:keep]
+
+
+def _worst_first(miss: np.ndarray, keep: int = 2) -> np.ndarray:
+    """The (at most ``keep``) columns that miss their targets most, worst first."""
+    order = np.argsort(-miss, kind="stable")[:keep]
+    return order[miss[order] > 0]
 
 
 class Until:
@@ -206,30 +259,39 @@ class Until:
         self.next_check = target.min_draws
         self.last: Status | None = None
         self.stopped_at: int | None = None
+        self._suspects: Any = "guess"
+        self._last_draws: Any = None
 
     def after_chunk(self, filled: int, result: Any) -> bool:
         """Called after each chunk with the kept draws so far; ``True``: stop here."""
         if self.stopped_at is not None or filled < self.next_check:
             return self.stopped_at is not None
-        self.last = evaluate(result(), self.target, self.superchains)
+        self._last_draws = result
+        self.last, self._suspects = evaluate(
+            result(), self.target, self.superchains, self._suspects
+        )
         self.next_check = max(filled + 1, math.ceil(filled * self.target.growth))
         if self.last.met:
             self.stopped_at = filled
         return self.last.met
 
     def attrs(self, interrupted: bool = False) -> dict[str, Any]:
-        """Why and when the run stopped, and the last check's values."""
+        """Why and when the run stopped, and the last check's values (over every column)."""
         why = "converged" if self.stopped_at is not None else "cap"
         out: dict[str, Any] = {"stopped": "interrupted" if interrupted else why}
-        if self.last is not None:
+        last = self.last
+        if last is not None and not last.complete:  # the values of every column, once
+            draws = jax.tree.map(lambda a: a[:, : last.draws], self._last_draws())
+            last = evaluate(draws, self.target, self.superchains)[0]
+        if last is not None:
             out.update(
-                until_checked_at_draw=self.last.draws,
-                until_rhat=self.last.rhat,
-                until_ess_bulk=self.last.ess_bulk,
-                until_ess_tail=self.last.ess_tail,
+                until_checked_at_draw=last.draws,
+                until_rhat=last.rhat,
+                until_ess_bulk=last.ess_bulk,
+                until_ess_tail=last.ess_tail,
             )
-            if self.last.nested_rhat is not None:
-                out["until_nested_rhat"] = self.last.nested_rhat
+            if last.nested_rhat is not None:
+                out["until_nested_rhat"] = last.nested_rhat
         return out
 
 

@@ -201,11 +201,34 @@ def test_non_finite_draws_never_converge():
     from chainrunner import _until
 
     x = np.random.default_rng(8).normal(size=(4, 400, 2))
-    assert _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+    assert _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met
     x[1, 7, 0] = np.nan
-    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met
     x[1, 7, 0] = np.inf
-    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None).met
+    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_checking_the_suspects_first_decides_as_a_whole_check(seed):
+    """A check that starts with the columns that missed last time decides as a full one."""
+    from chainrunner import _until
+
+    rng = np.random.default_rng(seed)
+    m, n, k = 8, int(rng.integers(20, 300)), 6
+    x = rng.normal(size=(m, n, k))
+    x[:, :, : int(rng.integers(0, 3))] += rng.normal(size=(m, 1, 1)) * rng.uniform(0, 0.3)
+    x = np.cumsum(x * rng.uniform(0, 1, size=k), axis=1) * 0.05 + x  # some autocorrelation
+    target = cr.Converged(ess_bulk=float(rng.integers(50, 800)), ess_tail=100)
+    for superchains in (None, np.arange(m) // 2):
+        whole, suspects = _until.evaluate(x, target, superchains)
+        assert whole.complete and len(suspects) <= 2
+        if not whole.met:
+            assert len(suspects) >= 1
+        for guess in (suspects, np.array([0]), np.array([k - 1, 2]), np.arange(k - 1), "guess"):
+            staged = _until.evaluate(x, target, superchains, guess)[0]
+            assert staged.met == whole.met
+            if staged.complete:
+                assert staged == whole
 
 
 def test_resume_replays_the_check_at_a_short_last_chunk(tmp_path):
@@ -226,3 +249,20 @@ def test_one_superchain_is_refused_and_interrupted_runs_say_so(monkeypatch):
     with pytest.warns(ChainrunnerWarning, match="interrupted"):
         part = cr.run(NUTS, jax.random.key(0), X0, 5000, until=cr.Converged(ess_bulk=1e9), **KW)
     assert part.attrs["stopped"] == "interrupted"
+
+
+def test_a_converged_run_computes_no_chunk_after_its_stop():
+    """The chunk after a check is started only once the check has not stopped the run."""
+    steps = []
+
+    def step(rng_key, x):
+        jax.debug.callback(lambda: steps.append(1))
+        return 0.5 * x + jax.random.normal(rng_key, x.shape), {}
+
+    kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
+    target = cr.Converged(ess_bulk=50, ess_tail=50, min_draws=20)
+    trace = cr.run(kernel, jax.random.key(3), jnp.zeros((4, 2)), 10_000, until=target,
+                   mesh=cr.chain_mesh(1), chunk_size=10, progress=False, warn=False)  # fmt: skip
+    jax.effects_barrier()
+    assert trace.attrs["stopped"] == "converged" and trace.num_draws < 1000
+    assert len(steps) == 4 * trace.num_draws  # 4 chains, not one chunk more
