@@ -13,7 +13,7 @@ nox.options.error_on_missing_interpreters = os.environ.get("CI") == "true"
 @nox.session(python=["3.11", "3.12"])
 def tests(session: nox.Session) -> None:
     """The test suite, with doctests of the package (8 simulated CPU devices)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,pymc]")
     session.run("python", "-c", "import arviz; print('arviz', arviz.__version__)")
     session.run(
         "pytest",
@@ -47,7 +47,7 @@ def docs(session: nox.Session) -> None:
     which tests/test_docs.py does not run). Regenerate the pictures with
     ``python docs/gen_images.py`` (arviz < 1, matplotlib, rich) after changing a page.
     """
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,pymc]")  # the PyMC pages run their code
     session.run("python", "docs/gen_images.py", "--check")
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
                 env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip

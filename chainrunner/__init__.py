@@ -21,6 +21,7 @@ from ._until import Forgotten as Forgotten
 from .adapters import adapted_parameters as adapted_parameters
 from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
+from .adapters import from_pymc as from_pymc
 
 __all__ = [
     "Adapter",
@@ -39,6 +40,7 @@ __all__ = [
     "enable_compilation_cache",
     "from_blackjax",
     "from_numpyro",
+    "from_pymc",
     "request_cpu_devices",
     "run",
     "sample",

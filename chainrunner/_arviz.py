@@ -61,6 +61,7 @@ def to_arviz(
 
     groups = _groups(trace, extra or {})
     dims = {**trace.dims, **(dims or {})} or None
+    coords = {**trace.coords, **(coords or {})} or None
     attrs = _attrs(trace)
     save_warmup = trace.warmup_draws is not None
     if arviz_major() >= 1:

@@ -209,6 +209,13 @@ class Adapter:
         """
         return {}
 
+    def coords(self) -> dict[str, Any]:
+        """The model's own coordinates per dimension name (PyMC ``coords``, ...).
+
+        ``Trace.to_arviz`` uses them unless its ``coords`` says otherwise.
+        """
+        return {}
+
     def attrs(self) -> dict[str, Any]:
         """Attributes for the trace, as ArviZ's converters write them
         (``inference_library``, ``inference_library_version``)."""

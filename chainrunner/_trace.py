@@ -31,7 +31,9 @@ class Trace:
             model data, or the shared step size of a cross-chain warmup), so that a
             continued run samples with the same ones.
         dims: the model's own dimension names per variable (numpyro plate names and
-            ``event_dims``), the default ``dims`` of ``to_arviz``.
+            ``event_dims``, PyMC dims), the default ``dims`` of ``to_arviz``.
+        coords: the model's own coordinates per dimension (PyMC coords), the default
+            ``coords`` of ``to_arviz``.
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -52,6 +54,7 @@ class Trace:
     groups: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     kernel_params: Any = None
     dims: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    coords: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def diagnostics(self) -> Any:
@@ -108,7 +111,7 @@ class Trace:
 
         Args:
             coords: ArviZ coordinates, e.g. ``{"school": names}``; for a numpyro model,
-                by plate name.
+                by plate name. They update the model's own (``Trace.coords``: PyMC coords).
             dims: ArviZ dimensions per variable, e.g. ``{"theta": ["school"]}``; they
                 update the model's own (``Trace.dims``: numpyro plate names and
                 ``event_dims``), which are the default.

@@ -33,6 +33,7 @@ FIGURES = {
         "eight-schools-rank.png",
         "eight-schools-centered-pair.png",
     ],
+    "tutorial-pymc.md": ["pymc-eight-schools-trace.png", "pymc-eight-schools-forest.png"],
 }
 
 

@@ -3,6 +3,8 @@
 - ``_blackjax``: blackjax ``SamplingAlgorithm`` objects, and factories with window,
   ChEES or MEADS adaptation.
 - ``_numpyro``: numpyro ``MCMCKernel`` objects (and bare model functions, run with NUTS).
+- ``_pymc``: PyMC models (``pm.Model``), PyMC's JAX log density sampled by blackjax; PyMC
+  is optional (``pip install "chainrunner[pymc]"``) and imported only when used.
 
 A new front end implements ``chainrunner.Adapter`` (see docs/contributing.md) and is
 recognised in ``as_adapter``.
@@ -16,7 +18,7 @@ from typing import Any
 from .._kernel import Adapter, FixedKernel, Kernel
 from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
 
-__all__ = ["adapted_parameters", "as_adapter", "from_blackjax", "from_numpyro"]
+__all__ = ["adapted_parameters", "as_adapter", "from_blackjax", "from_numpyro", "from_pymc"]
 
 
 def from_numpyro(
@@ -49,10 +51,51 @@ def from_numpyro(
     )
 
 
+def from_pymc(
+    model: Any,
+    *,
+    algorithm: Any = None,
+    adaptation: str | None = "window",
+    log_likelihood: bool = False,
+    initvals: dict | None = None,
+    jitter: bool = True,
+    jitter_max_retries: int = 10,
+    **options: Any,
+) -> Any:
+    """A PyMC model (``pm.Model``) as a kernel for ``cr.run``, sampled with blackjax.
+
+    See ``chainrunner.adapters._pymc.from_pymc`` for the details. Needs PyMC
+    (``pip install "chainrunner[pymc]"``): without it, an ``ImportError`` says so.
+
+    Examples:
+        >>> import pymc as pm
+        >>> import chainrunner as cr
+        >>> with pm.Model() as model:
+        ...     x = pm.Normal("x")
+        >>> kernel = cr.from_pymc(model)
+        >>> kernel is cr.from_pymc(model)
+        True
+        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
+    """
+    from ._pymc import from_pymc as impl  # imports pymc, or says which extra to install
+
+    return impl(
+        model,
+        algorithm=algorithm,
+        adaptation=adaptation,
+        log_likelihood=log_likelihood,
+        initvals=initvals,
+        jitter=jitter,
+        jitter_max_retries=jitter_max_retries,
+        **options,
+    )
+
+
 def _kernel_error(kernel: Any, where: str, detail: str = "") -> TypeError:
     return TypeError(
         f"{where}: kernel must be a blackjax SamplingAlgorithm, a numpyro MCMCKernel, a "
-        f"cr.Kernel or an adapter (from cr.from_blackjax / cr.from_numpyro), got "
+        f"pymc.Model, a cr.Kernel or an adapter (from cr.from_blackjax / cr.from_numpyro / "
+        f"cr.from_pymc), got "
         f"{type(kernel).__name__}{detail}."
     )
 
@@ -71,6 +114,11 @@ def as_adapter(kernel: Any, where: str = "run") -> Adapter:
         return FixedKernel(from_blackjax(kernel), library="blackjax")
     if (type(kernel).__module__ or "").startswith("numpyro."):
         return from_numpyro(kernel)
+    if (type(kernel).__module__ or "").startswith("pymc."):  # pymc is imported only then
+        from ._pymc import is_pymc_model
+
+        if is_pymc_model(kernel):
+            return from_pymc(kernel)
     if isinstance(kernel, types.FunctionType):
         from ._numpyro import is_model
 

@@ -1,0 +1,609 @@
+"""PyMC models for ``cr.run``: PyMC's own JAX conversion, sampled with blackjax.
+
+``from_pymc(model)`` takes everything from PyMC's JAX helpers (``pymc.sampling.jax``),
+as ``pm.sample(nuts_sampler="numpyro"|"blackjax")`` does, and derives nothing itself:
+
+- the log density of the model's value variables (unconstrained space), from
+  ``get_jaxified_logp``; the sampler is a blackjax adapter (``from_blackjax``) on it;
+- the initial points: PyMC's initial-point expression (``support_point`` or the model's
+  ``initval``, moved to the unconstrained space, plus ``U(-1, 1)`` jitter), compiled to JAX
+  with ``get_jaxified_graph``; the jitter is drawn from the chain's init key, so chains
+  start reproducibly, on the mesh, with no host work; up to ``jitter_max_retries`` new
+  jitters where the log density is not finite, as ``pm.sample`` does;
+- the draws as ``pm.sample`` returns them: constrained, named as the model's variables,
+  with its ``Deterministic``s (``get_jaxified_graph`` of ``model.unobserved_value_vars``,
+  in the kernel's ``extract``);
+- ArviZ groups, coords and dims from ``pymc.backends.arviz`` (``observed_data``,
+  ``constant_data``, the model's ``coords`` and dims), and the pointwise log likelihood
+  as ``pm.compute_log_likelihood`` computes it (the model without value transforms, on the
+  constrained draws), compiled to JAX.
+
+Importing PyMC's JAX helpers has two global effects, as with ``pm.sample``'s JAX samplers:
+PyTensor turns on ``jax_enable_x64`` (PyMC models are float64), and ``pymc.sampling.jax``
+sets ``XLA_FLAGS``. chainrunner puts ``XLA_FLAGS`` back as it was, and turns
+``jax_enable_x64`` on at every ``from_pymc`` of a float64 model (its functions trace and
+run with 64-bit types only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._kernel import Adapter, CrossChainWarmup, Kernel, WarmupRequest
+from .._lru import LRU
+from ._blackjax import ADAPTATIONS, from_blackjax
+
+__all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
+
+INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
+
+# (id(model), data fingerprint, sampler and options) -> PymcModel: the same model and
+# arguments give the same adapter, hence the same compiled programs.
+_ADAPTERS = LRU(32)
+# id of a wrapped kernel's functions -> the wrapping functions (stable identities).
+_WRAPPED = LRU(64)
+
+
+def _pymc() -> Any:
+    """``pymc`` with its JAX helpers imported; an ``ImportError`` naming the extra if absent.
+
+    ``pymc.sampling.jax`` rewrites ``XLA_FLAGS`` on import (a CPU device count of 100):
+    chainrunner restores the variable, so the user's device count stands. PyTensor's BLAS
+    check warns on first use of its C backend, which chainrunner never uses: silenced here.
+    """
+    try:
+        import pymc
+    except ImportError as e:
+        raise ImportError(f"{INSTALL} ({e}).") from e
+    flags = os.environ.get("XLA_FLAGS")
+    try:
+        import pymc.sampling.jax
+    finally:
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
+    import pytensor
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*could not link to a BLAS", category=UserWarning
+        )
+        _ = pytensor.config.blas__ldflags  # computed (and its warning given) once, here
+    if pytensor.config.floatX == "float64":  # as PyTensor's JAX backend on import; every time
+        jax.config.update("jax_enable_x64", True)
+    return pymc
+
+
+def is_pymc_model(obj: Any) -> bool:
+    """Whether ``obj`` is a ``pm.Model`` (PyMC is imported only for objects from PyMC)."""
+    if not (type(obj).__module__ or "").startswith("pymc."):
+        return False
+    import pymc
+
+    return isinstance(obj, pymc.Model)
+
+
+class Compiled(NamedTuple):
+    """A PyMC model's functions in JAX, from PyMC's JAX conversion.
+
+    Attributes:
+        value_names: the value variables (unconstrained: ``tau_log__``), in model order.
+        logdensity_fn: ``{value name: array} -> log density``.
+        constrain: ``{value name: array} -> {variable: array}``: the draws as ``pm.sample``
+            gives them (constrained, with the ``Deterministic``s).
+        initial_point: ``rng_key -> {value name: array}``: PyMC's jittered initial point.
+        log_likelihood: ``{variable: array} -> {observed: pointwise log likelihood}``.
+    """
+
+    value_names: tuple[str, ...]
+    logdensity_fn: Callable
+    constrain: Callable
+    initial_point: Callable
+    log_likelihood: Callable
+
+
+def _jax_graph(inputs: list, outputs: list) -> Callable:
+    from pymc.sampling.jax import get_jaxified_graph
+
+    return get_jaxified_graph(inputs=inputs, outputs=outputs)
+
+
+def _logdensity(model: Any, names: tuple[str, ...]) -> Callable:
+    from pymc.sampling.jax import get_jaxified_logp
+
+    logp = get_jaxified_logp(model)  # the log density itself (negative_logp=True)
+
+    def logdensity_fn(position: Mapping[str, jax.Array]) -> jax.Array:
+        return logp([position[name] for name in names])
+
+    return logdensity_fn
+
+
+def _constrain(model: Any) -> Callable:
+    from pymc.util import get_default_varnames
+
+    outputs = list(get_default_varnames(model.unobserved_value_vars, include_transformed=False))
+    names = [v.name for v in outputs]
+    fn = _jax_graph(model.value_vars, outputs)
+    inputs = [v.name for v in model.value_vars]
+
+    def constrain(position: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        values = fn(*[position[name] for name in inputs])
+        return dict(zip(names, values, strict=True))
+
+    return constrain
+
+
+def _log_likelihood(model: Any) -> Callable:
+    """As ``pm.compute_log_likelihood``: the model without value transforms, elementwise."""
+    from pymc.model.transform.conditioning import remove_value_transforms
+
+    umodel = remove_value_transforms(model)
+    observed = list(umodel.observed_RVs)
+    fn = _jax_graph(umodel.value_vars, umodel.logp(observed, sum=False))
+    inputs = [v.name for v in umodel.value_vars]
+
+    def log_likelihood(draw: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        values = fn(*[draw[name] for name in inputs])
+        return {rv.name: value for rv, value in zip(observed, values, strict=True)}
+
+    return log_likelihood
+
+
+def _jitter_variables(outputs: list, free_rvs: list) -> dict[str, Any]:
+    """``{rv name: its U(-1, 1) jitter variable}`` in PyMC's initial-point expression."""
+    from pytensor.graph.traversal import ancestors
+
+    wanted = {f"{rv.name}_jitter": rv.name for rv in free_rvs}
+    return {wanted[v.name]: v for v in ancestors(outputs) if v.name in wanted}
+
+
+def _initial_point_graph(model: Any, initvals: Mapping | None, jitter: bool) -> tuple:
+    """PyMC's transformed initial-point expression, with its jitter draws as inputs.
+
+    Returns ``(fn, shapes)``: ``fn(*jitters) -> transformed values`` in JAX, and the
+    ``(name, shape, dtype)`` of each jitter input (none without ``jitter``).
+    """
+    import pytensor.tensor as pt
+    from pymc.initial_point import convert_str_to_rv_dict, make_initial_point_expression
+    from pytensor.graph.replace import clone_replace
+
+    free = list(model.free_RVs)
+    outputs = make_initial_point_expression(
+        free_rvs=free,
+        rvs_to_transforms=model.rvs_to_transforms,
+        initval_strategies={
+            **model.rvs_to_initial_values,
+            **convert_str_to_rv_dict(model, dict(initvals or {})),
+        },
+        jitter_rvs=set(free) if jitter else set(),
+        return_transformed=True,
+    )
+    shapes = {
+        v.name: np.shape(x) for v, x in zip(model.value_vars, _start_values(model), strict=True)
+    }
+    found = _jitter_variables(outputs, free)
+    inputs, replace, specs = [], {}, []
+    for rv, value in zip(free, model.value_vars, strict=True):
+        if rv.name in found:
+            j = found[rv.name]
+            x = pt.tensor(name=j.name, dtype=j.dtype, shape=shapes[value.name])
+            inputs.append(x)
+            replace[j] = x
+            specs.append((j.name, shapes[value.name], j.dtype))
+    try:
+        fn = _jax_graph(inputs, clone_replace(outputs, replace=replace))
+    except ValueError as e:  # a random draw left in the graph: initval="prior"
+        raise NotImplementedError(
+            "from_pymc: an initial point of this model is a draw from the prior "
+            '(initval="prior", or a distribution without a support point); give the '
+            "variable an initval, or pass initial_position to cr.run "
+            f"({{value variable: values with a leading chain axis}}). PyMC said: {e}"
+        ) from e
+    return fn, specs
+
+
+def _start_values(model: Any) -> list[np.ndarray]:
+    """The model's (unjittered) initial point, in value-variable order: its shapes."""
+    point = model.initial_point(random_seed=0)
+    return [np.asarray(point[v.name]) for v in model.value_vars]
+
+
+def _initial_point(model: Any, initvals, jitter: bool, retries: int, logdensity_fn) -> Callable:
+    """``rng_key -> {value name: array}``, retried while the log density is not finite."""
+    fn, specs = _initial_point_graph(model, initvals, jitter)
+    names = [v.name for v in model.value_vars]
+
+    def point(rng_key: jax.Array, attempt: jax.Array) -> dict[str, jax.Array]:
+        keys = jax.random.split(jax.random.fold_in(rng_key, attempt), max(len(specs), 1))
+        noise = [
+            jax.random.uniform(k, shape, dtype, minval=-1.0, maxval=1.0)
+            for k, (_, shape, dtype) in zip(keys[: len(specs)], specs, strict=True)
+        ]
+        values = fn(*noise)
+        return {n: jnp.asarray(v) for n, v in zip(names, values, strict=True)}
+
+    def initial_point(rng_key: jax.Array) -> dict[str, jax.Array]:
+        def finite(p):
+            return jnp.isfinite(logdensity_fn(p))
+
+        def again(carry):
+            attempt, _, ok = carry
+            return jnp.logical_and(~ok, attempt < retries)
+
+        def retry(carry):
+            attempt = carry[0] + 1
+            p = point(rng_key, attempt)
+            return attempt, p, finite(p)
+
+        first = point(rng_key, jnp.int32(0))
+        if not specs or retries <= 0:
+            return first
+        return jax.lax.while_loop(again, retry, (jnp.int32(0), first, finite(first)))[1]
+
+    return initial_point
+
+
+def compile_model(
+    model: Any,
+    *,
+    initvals: Mapping | None = None,
+    jitter: bool = True,
+    jitter_max_retries: int = 10,
+) -> Compiled:
+    """The model's log density, initial points, constraining map and log likelihood in JAX.
+
+    Args:
+        model: a ``pm.Model``.
+        initvals: initial values ``{variable or name: value}`` for every chain (as
+            ``pm.sample(initvals=...)``), over the model's own ``initval``s.
+        jitter: add PyMC's ``U(-1, 1)`` jitter to the initial points.
+        jitter_max_retries: new jitters for a chain whose start has a non-finite log density.
+
+    Returns:
+        A ``Compiled``.
+
+    Examples:
+        >>> import pymc as pm
+        >>> from chainrunner.adapters._pymc import compile_model
+        >>> with pm.Model() as model:
+        ...     sigma = pm.HalfNormal("sigma")
+        >>> c = compile_model(model)
+        >>> c.value_names, sorted(c.constrain({"sigma_log__": 0.0}))
+        (('sigma_log__',), ['sigma'])
+        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
+    """
+    _pymc()
+    names = tuple(v.name for v in model.value_vars)
+    logdensity_fn = _logdensity(model, names)
+    return Compiled(
+        value_names=names,
+        logdensity_fn=logdensity_fn,
+        constrain=_constrain(model),
+        initial_point=_initial_point(model, initvals, jitter, jitter_max_retries, logdensity_fn),
+        log_likelihood=_log_likelihood(model),
+    )
+
+
+_JITTER_SALT = 0x70796D63  # "pymc": the jitter's keys are not the kernel's init keys
+
+
+def _wrap(kernel: Kernel, compiled: Compiled) -> Kernel:
+    """``kernel`` starting from PyMC's initial points and storing constrained draws.
+
+    ``init`` gets the chain's jittered initial point when ``run`` has no
+    ``initial_position``; ``extract`` turns the unconstrained position into the model's
+    variables. The wrappers are cached on the wrapped functions: same in, same out.
+    """
+    init, _, extract, _ = kernel.functions
+    names = set(compiled.value_names)
+
+    def build() -> tuple[Callable, Callable]:
+        def pymc_init(position, rng_key, *params):
+            if position is None:
+                position = compiled.initial_point(jax.random.fold_in(rng_key, _JITTER_SALT))
+            elif not isinstance(position, Mapping) or set(position) != names:
+                got = sorted(position) if isinstance(position, Mapping) else type(position).__name__
+                raise ValueError(
+                    "run: initial_position for a PyMC model is a dict {value variable: "
+                    "unconstrained values with a leading chain axis} with the keys "
+                    f"{sorted(names)}; got {got}. Or pass None for PyMC's jittered initial points."
+                )
+            return init(position, rng_key, *params)
+
+        def pymc_extract(state, info, *params):
+            draw, stats = extract(state, info, *params)
+            return compiled.constrain(draw), stats
+
+        return pymc_init, pymc_extract
+
+    pymc_init, pymc_extract = _WRAPPED.get(
+        (id(init), id(extract), id(compiled)), build, owner=(init, extract, compiled)
+    )
+    return kernel._replace(init=pymc_init, extract=pymc_extract, needs_position=False)
+
+
+def _host(tree: Any) -> Any:
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+class PymcModel(Adapter):
+    """A PyMC model as ``cr.run`` takes it: PyMC's JAX log density, sampled by blackjax.
+
+    Build it with ``cr.from_pymc``. Sampling is in PyMC's unconstrained value space
+    (``tau_log__``); ``trace.draws`` are the model's variables, constrained, with its
+    ``Deterministic``s. ``to_arviz`` gets the model's coords and dims, ``observed_data``,
+    ``constant_data`` (``pm.Data``) and, if asked for, ``log_likelihood``.
+
+    Attributes:
+        model: the ``pm.Model``.
+        sampler: the blackjax adapter that samples the log density (``from_blackjax``).
+        compiled: the model's functions in JAX (``Compiled``).
+
+    Examples:
+        >>> import pymc as pm
+        >>> import chainrunner as cr
+        >>> with pm.Model(coords={"g": ["a", "b"]}) as model:
+        ...     mu = pm.Normal("mu", dims="g")
+        >>> adapter = cr.from_pymc(model)
+        >>> adapter.dims(), adapter.coords()
+        ({'mu': ['g']}, {'g': ['a', 'b']})
+        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
+    """
+
+    def __init__(self, model: Any, sampler: Adapter, compiled: Compiled, log_likelihood: bool):
+        from pymc.backends.arviz import (
+            coords_and_dims_for_inferencedata,
+            find_constants,
+            find_observations,
+        )
+
+        self.model, self.sampler, self.compiled = model, sampler, compiled
+        self.want_log_likelihood = bool(log_likelihood)
+        coords, dims = coords_and_dims_for_inferencedata(model)
+        self._coords = {k: list(np.asarray(v).tolist()) for k, v in coords.items()}
+        self._dims = {k: list(v) for k, v in dims.items()}
+        self._observed = {k: np.asarray(v) for k, v in (find_observations(model) or {}).items()}
+        self._constants = {k: np.asarray(v) for k, v in (find_constants(model) or {}).items()}
+        self._batched: dict[str, Callable] = {}
+
+    def __repr__(self) -> str:
+        return f"PymcModel({self.model.name or 'model'!r}, {self.sampler!r})"
+
+    init_error_hint = (
+        "PyMC: the log density is not finite at the start (PyMC's jittered initial point, "
+        "retried jitter_max_retries times, or initial_position); check the model's initvals "
+        "with model.point_logps(), or try from_pymc(..., jitter=False)."
+    )
+
+    @property
+    def has_cross_chain_warmup(self) -> bool:  # type: ignore[override]
+        return self.sampler.has_cross_chain_warmup
+
+    def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
+        """The sampler's kernel, starting from PyMC's initial points, with constrained draws."""
+        _pymc()  # 64-bit types on (if they were turned off since from_pymc)
+        kernel = self.sampler.build_kernel(num_warmup=num_warmup, previous_params=previous_params)
+        return _wrap(kernel, self.compiled)
+
+    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
+        """The sampler's ChEES or MEADS warmup; its kept draws constrained."""
+        out = self.sampler.cross_chain_warmup(request)
+        draws = out.draws
+        if draws is not None:
+            draws = self._over_draws("constrain", self.compiled.constrain)(draws)
+        return out._replace(kernel=_wrap(out.kernel, self.compiled), draws=draws)
+
+    def _over_draws(self, name: str, fn: Callable) -> Callable:
+        """``fn`` of one draw, jitted over ``(chain, draw)``, results on the host."""
+        if name not in self._batched:
+            self._batched[name] = jax.jit(jax.vmap(jax.vmap(fn)))
+        batched = self._batched[name]
+        return lambda draws: _host(batched(dict(draws)))
+
+    def log_likelihood(self, draws: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Pointwise log likelihood of the observed variables at each draw.
+
+        As ``pm.compute_log_likelihood``: the model's observed variables' elementwise log
+        density, given the constrained draws.
+
+        Args:
+            draws: ``trace.draws`` of a run of this model: ``{variable: (chain, draw, ...)}``.
+
+        Returns:
+            ``{observed variable: numpy array (chain, draw, *its shape)}``.
+        """
+        free = {rv.name for rv in self.model.free_RVs}
+        return self._over_draws("log_likelihood", self.compiled.log_likelihood)(
+            {k: v for k, v in draws.items() if k in free}
+        )
+
+    def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:
+        """``observed_data``, ``constant_data`` and (when asked for) ``log_likelihood``."""
+        out: dict[str, dict[str, Any]] = {}
+        if self._observed:
+            out["observed_data"] = dict(self._observed)
+        if self._constants:
+            out["constant_data"] = dict(self._constants)
+        if self.want_log_likelihood and complete:
+            out["log_likelihood"] = self.log_likelihood(draws)
+        return out
+
+    def dims(self) -> dict[str, list[str]]:
+        """The model's dims, as ``pm.sample`` gives them to ArviZ."""
+        return {k: list(v) for k, v in self._dims.items()}
+
+    def coords(self) -> dict[str, Any]:
+        """The model's coords, as ``pm.sample`` gives them to ArviZ."""
+        return {k: list(v) for k, v in self._coords.items()}
+
+    def attrs(self) -> dict[str, Any]:
+        """The sampler's library, and PyMC as the modeling interface."""
+        pymc = _pymc()
+        return {
+            **self.sampler.attrs(),
+            "modeling_interface": "pymc",
+            "modeling_interface_version": pymc.__version__,
+        }
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable stand-in for an option's value: itself, or a digest of its array."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        try:
+            data = np.ascontiguousarray(np.asarray(value))
+            return (data.shape, str(data.dtype), hashlib.blake2b(data.tobytes()).hexdigest())
+        except Exception:
+            return ("id", id(value))
+
+
+def _data_key(model: Any) -> tuple:
+    """What identifies the model's data now: ``pm.Data`` values and dim lengths."""
+    parts = [len(model.named_vars)]
+    for v in [*model.data_vars, *model.dim_lengths.values()]:
+        get = getattr(v, "get_value", None)
+        parts.append((v.name, _value_key(get(borrow=True) if get else getattr(v, "data", v))))
+    return tuple(parts)
+
+
+_SAMPLERS = {"window": "nuts", "chees": "dynamic_hmc", "meads": "ghmc", None: "nuts"}
+
+
+def _check_model(pymc: Any, model: Any) -> None:
+    where = "from_pymc"
+    if not isinstance(model, pymc.Model):
+        raise TypeError(f"{where}: model must be a pymc.Model, got {type(model).__name__}.")
+    if not model.free_RVs:
+        raise ValueError(f"{where}: the model has no free random variables to sample.")
+    discrete = [v.name for v in model.free_RVs if v.type.dtype.startswith(("int", "uint"))]
+    if discrete:
+        raise ValueError(
+            f"{where}: the model has discrete variables {discrete}; blackjax's gradient-based "
+            "samplers need continuous ones (marginalise them out, e.g. with pymc_extras)."
+        )
+
+
+def _sampler(algorithm: Any, adaptation: str | None, logdensity_fn: Callable, options) -> Adapter:
+    """The blackjax adapter on the model's log density (``from_blackjax``)."""
+    import blackjax
+
+    from .._kernel import FixedKernel
+
+    if algorithm is None:
+        algorithm = getattr(blackjax, _SAMPLERS[adaptation])
+    if adaptation is not None:
+        return from_blackjax(
+            algorithm, logdensity_fn=logdensity_fn, adaptation=adaptation, **options
+        )
+    if not callable(algorithm):
+        raise TypeError(
+            "from_pymc: with adaptation=None, algorithm is a blackjax factory called as "
+            "algorithm(logdensity_fn, **options) (e.g. blackjax.mala with step_size=...), got "
+            f"{type(algorithm).__name__}."
+        )
+    return FixedKernel(from_blackjax(algorithm(logdensity_fn, **options)), library="blackjax")
+
+
+def from_pymc(
+    model: Any,
+    *,
+    algorithm: Any = None,
+    adaptation: str | None = "window",
+    log_likelihood: bool = False,
+    initvals: Mapping | None = None,
+    jitter: bool = True,
+    jitter_max_retries: int = 10,
+    **options: Any,
+) -> PymcModel:
+    """A PyMC model as a kernel for ``cr.run`` / ``cr.sample``, sampled with blackjax.
+
+    The log density is PyMC's own JAX conversion of the model (``pymc.sampling.jax``), in
+    its unconstrained value space; the sampler is ``cr.from_blackjax(algorithm,
+    logdensity_fn=..., adaptation=..., **options)`` on it. Chains start from PyMC's
+    jittered initial points, drawn from chainrunner's keys (``cr.run(kernel, key, None,
+    n, num_chains=...)``), or from ``initial_position={value variable: unconstrained
+    values}`` (``{"tau_log__": ...}``). Draws come back as ``pm.sample`` returns them:
+    constrained, named as the model's variables, with its ``Deterministic``s; the ArviZ
+    data has the model's coords and dims, ``observed_data``, ``constant_data`` and, with
+    ``log_likelihood=True``, ``log_likelihood``.
+
+    Using PyMC's JAX conversion turns on ``jax_enable_x64``, as ``pm.sample``'s JAX
+    samplers do (PyTensor does it for float64 models). The model's data are constants of
+    the compiled program: after ``pm.set_data``, call ``from_pymc`` again (it recompiles).
+
+    Args:
+        model: a ``pm.Model`` with continuous free variables.
+        algorithm: the blackjax factory; ``None`` for the adaptation's own
+            (``blackjax.nuts`` for ``"window"``, ``blackjax.dynamic_hmc`` for ``"chees"``,
+            ``blackjax.ghmc`` for ``"meads"``).
+        adaptation: ``"window"`` (Stan's, per chain), ``"chees"`` or ``"meads"`` (across
+            chains), or ``None``: no adaptation, the kernel is
+            ``algorithm(logdensity_fn, **options)`` (e.g. ``step_size=0.1``).
+        log_likelihood: add the pointwise log likelihood (ArviZ ``log_likelihood``), as
+            ``pm.sample(idata_kwargs={"log_likelihood": True})`` does.
+        initvals: initial values ``{variable or name: value}`` for every chain, over the
+            model's own ``initval``s (as ``pm.sample(initvals=...)``).
+        jitter: add PyMC's ``U(-1, 1)`` jitter to the initial points (unconstrained space).
+        jitter_max_retries: new jitters for a chain whose start has a non-finite log density.
+        **options: the adaptation's options (see ``cr.from_blackjax``), e.g.
+            ``target_acceptance_rate=0.9`` or ``is_mass_matrix_diagonal=False``.
+
+    Returns:
+        A ``PymcModel``: pass it to ``cr.run`` / ``cr.sample``. The same object for the same
+        model, data and arguments, so repeated runs reuse the compiled programs.
+
+    Raises:
+        ImportError: without PyMC (``pip install "chainrunner[pymc]"``).
+        TypeError, ValueError: for a model with discrete variables, or options the
+            sampler does not take.
+
+    Examples:
+        >>> import jax, numpy as np, pymc as pm
+        >>> import chainrunner as cr
+        >>> with pm.Model(coords={"obs_id": range(3)}) as model:
+        ...     sigma = pm.HalfNormal("sigma")
+        ...     y = pm.Normal("y", 0.0, sigma, observed=np.array([0.5, -1.0, 2.0]), dims="obs_id")
+        >>> idata = cr.sample(cr.from_pymc(model), jax.random.key(0), None, 100,
+        ...                   num_warmup=100, num_chains=4, progress=False)
+        >>> idata.posterior["sigma"].shape, "sigma_log__" in idata.posterior
+        ((4, 100), False)
+        >>> jax.config.update("jax_enable_x64", False)  # PyTensor turned it on; JAX's default
+    """
+    pymc = _pymc()
+    _check_model(pymc, model)
+    if adaptation is not None and adaptation not in ADAPTATIONS:
+        raise ValueError(
+            f"from_pymc: adaptation must be None or one of {ADAPTATIONS}, got {adaptation!r}."
+        )
+    key = (
+        id(model),
+        _data_key(model),
+        id(algorithm),
+        adaptation,
+        bool(log_likelihood),
+        tuple((str(k), _value_key(v)) for k, v in (initvals or {}).items()),
+        bool(jitter),
+        int(jitter_max_retries),
+        tuple((k, _value_key(v)) for k, v in sorted(options.items())),
+    )
+
+    def build() -> PymcModel:
+        compiled = compile_model(
+            model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
+        )
+        sampler = _sampler(algorithm, adaptation, compiled.logdensity_fn, options)
+        return PymcModel(model, sampler, compiled, log_likelihood)
+
+    return _ADAPTERS.get(key, build, owner=(model, algorithm))

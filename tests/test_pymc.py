@@ -1,0 +1,327 @@
+"""PyMC models through cr.from_pymc: posteriors, initial points and ArviZ data as pm.sample's.
+
+Posterior means are checked against posteriordb's reference (eight schools) or against
+``pm.sample(nuts_sampler="numpyro")`` on the same model, with tolerances from the
+Monte-Carlo standard errors of both. Runs on both PyMC generations (PyMC 5 with arviz 0.x,
+PyMC 6 with arviz 1.x).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import arviz as az
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chainrunner as cr
+
+pm = pytest.importorskip("pymc")
+
+HERE = os.path.dirname(__file__)
+DB = os.path.join(HERE, "..", "data", "posteriordb")
+Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+SCHOOLS = list("ABCDEFGH")
+ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _x64_as_before():
+    """PyTensor's JAX backend turns on jax_enable_x64 (float64 models): put it back after."""
+    before = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+def eight_schools():
+    """posteriordb's eight_schools_noncentered, with coords and the sigmas as pm.Data."""
+    with pm.Model(coords={"school": SCHOOLS}) as model:
+        sigma = pm.Data("sigma", SIGMA, dims="school")
+        mu = pm.Normal("mu", 0.0, 5.0)
+        tau = pm.HalfCauchy("tau", 5.0)
+        theta_trans = pm.Normal("theta_trans", 0.0, 1.0, dims="school")
+        theta = pm.Deterministic("theta", mu + tau * theta_trans, dims="school")
+        pm.Normal("obs", theta, sigma=sigma, observed=Y, dims="school")
+    return model
+
+
+def hierarchical_linear():
+    """Varying intercepts, a common slope; predictor and group index as pm.Data."""
+    rng = np.random.default_rng(1)
+    n, groups = 40, ["north", "south", "east", "west"]
+    idx = rng.integers(0, len(groups), n)
+    x = rng.normal(size=n)
+    y = np.array([1.0, -0.5, 0.3, 2.0])[idx] + 0.7 * x + rng.normal(0.0, 0.5, n)
+    with pm.Model(coords={"group": groups, "obs_id": range(n)}) as model:
+        x_data = pm.Data("x", x, dims="obs_id")
+        group_idx = pm.Data("group_idx", idx, dims="obs_id")
+        mu_a = pm.Normal("mu_a", 0.0, 5.0)
+        sigma_a = pm.HalfNormal("sigma_a", 2.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        a = pm.Deterministic("a", mu_a + sigma_a * z, dims="group")
+        b = pm.Normal("b", 0.0, 2.0)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        mu = pm.Deterministic("mu", a[group_idx] + b * x_data, dims="obs_id")
+        pm.Normal("y", mu, sigma, observed=y, dims="obs_id")
+    return model
+
+
+def bounded_and_simplex():
+    """A Beta, a Uniform and a Dirichlet variable (logit, interval and simplex transforms)."""
+    with pm.Model(coords={"category": ["a", "b", "c"]}) as model:
+        p = pm.Beta("p", 2.0, 2.0)
+        s = pm.Uniform("s", 0.0, 10.0)
+        w = pm.Dirichlet("w", np.ones(3), dims="category")
+        pm.Binomial("k", n=20, p=p, observed=7)
+        pm.Normal("y", 1.0, s, observed=np.array([0.2, 2.5, 1.1, -0.8, 3.0]))
+        pm.Multinomial("counts", n=30, p=w, observed=np.array([5, 10, 15]), dims="category")
+    return model
+
+
+def reference(model, draws=500, chains=4, seed=1, **kwargs):
+    """``pm.sample(nuts_sampler="numpyro")``: the reference ArviZ data."""
+    with warnings.catch_warnings():
+        # PyMC 6 deprecates idata_kwargs={"log_likelihood": True} for compute_log_likelihood.
+        warnings.simplefilter("ignore", FutureWarning)
+        return pm.sample(
+            draws=draws,
+            tune=draws,
+            chains=chains,
+            nuts_sampler="numpyro",
+            model=model,
+            random_seed=seed,
+            progressbar=False,
+            compute_convergence_checks=False,
+            **kwargs,
+        )
+
+
+def group(data, name):
+    return data[name] if ARVIZ_1 else getattr(data, name)
+
+
+def groups(data):
+    return set(data.children if ARVIZ_1 else data.groups())
+
+
+def flat(values):
+    """``{label: (chain, draw) array}`` for each scalar component of each variable."""
+    out = {}
+    for name, x in values.items():
+        x = np.asarray(x, dtype=np.float64)
+        parts = x.reshape((*x.shape[:2], -1))
+        for j in range(parts.shape[-1]):
+            out[name if x.ndim == 2 else f"{name}[{j + 1}]"] = parts[..., j]
+    return out
+
+
+def mcse(x):
+    """The Monte-Carlo standard error of the mean of ``x`` ``(chain, draw)``."""
+    return float(np.asarray(az.mcse(x)).reshape(()))
+
+
+def mean_mismatches(ours, theirs, k=4.5):
+    """Components whose means differ by more than ``k`` joint Monte-Carlo standard errors."""
+    bad = []
+    for label, x in flat(ours).items():
+        y = theirs[label]
+        tol = k * np.hypot(mcse(x), mcse(y))
+        if abs(x.mean() - y.mean()) > tol:
+            bad.append(f"{label}: {x.mean():.4g} vs {y.mean():.4g} (tol {tol:.3g})")
+    return bad
+
+
+def run(model, seed=0, draws=500, chains=8, **options):
+    kernel = cr.from_pymc(model, **options)
+    return cr.run(kernel, jax.random.key(seed), None, draws, num_warmup=draws,
+                  num_chains=chains, progress=False, warn=False)  # fmt: skip
+
+
+def test_eight_schools_matches_posteriordb_reference():
+    trace = run(eight_schools(), target_acceptance_rate=0.9)
+    with open(os.path.join(DB, "reference", "eight_schools-eight_schools_noncentered.json")) as f:
+        ref = json.load(f)["params"]
+    failures = []
+    for label, x in flat({k: trace.draws[k] for k in ("mu", "tau", "theta")}).items():
+        r = ref[label]
+        tol = 4.5 * np.hypot(mcse(x), r["mcse_mean"])
+        if abs(x.mean() - r["mean"]) > tol:
+            failures.append(f"{label}: {x.mean():.4g} vs {r['mean']:.4g} (tol {tol:.3g})")
+        if abs(x.std(ddof=1) - r["sd"]) > 0.15 * r["sd"]:
+            failures.append(f"{label}: sd {x.std(ddof=1):.4g} vs {r['sd']:.4g}")
+    assert not failures, failures
+    assert trace.draws["theta"].shape == (8, 500, 8)
+    assert "theta_trans_log__" not in trace.draws and trace.draws["tau"].min() > 0
+
+
+def structure(data):
+    """``{group: {variable: (dims, {dim: coordinate values})}}`` of the ArviZ data."""
+    out = {}
+    for name in groups(data):
+        ds = group(data, name)
+        out[name] = {
+            var: (ds[var].dims, {d: list(np.asarray(ds[d].values)) for d in ds[var].dims})
+            for var in ds.data_vars
+        }
+    return out
+
+
+def test_arviz_data_matches_pm_sample_numpyro():
+    model = eight_schools()
+    ours = cr.sample(cr.from_pymc(model, log_likelihood=True), jax.random.key(0), None, 200,
+                     num_warmup=200, num_chains=4, progress=False, warn=False)  # fmt: skip
+    theirs = reference(model, draws=200, idata_kwargs={"log_likelihood": True})
+    a, b = structure(ours), structure(theirs)
+    assert set(a) == set(b) == {
+        "posterior", "sample_stats", "log_likelihood", "observed_data", "constant_data",
+    }  # fmt: skip
+    for name in ("posterior", "log_likelihood", "observed_data", "constant_data"):
+        assert a[name] == b[name], name
+    assert set(a["posterior"]) == {"mu", "tau", "theta_trans", "theta"}
+    assert a["posterior"]["theta"][1]["school"] == SCHOOLS
+    # pm.sample's stats, in the same ArviZ names (chainrunner has them all).
+    assert set(b["sample_stats"]) <= set(a["sample_stats"])
+    for name in b["sample_stats"]:
+        assert group(ours, "sample_stats")[name].dims == ("chain", "draw"), name
+    # The pointwise log likelihood is the normal density of each school's observation.
+    theta = np.asarray(group(ours, "posterior")["theta"])
+    expected = -0.5 * ((Y - theta) / SIGMA) ** 2 - np.log(SIGMA * np.sqrt(2 * np.pi))
+    np.testing.assert_allclose(group(ours, "log_likelihood")["obs"], expected, rtol=1e-10)
+    np.testing.assert_array_equal(group(ours, "constant_data")["sigma"], SIGMA)
+
+
+@pytest.mark.parametrize("make", [hierarchical_linear, bounded_and_simplex])
+def test_posterior_means_match_pm_sample(make):
+    model = make()
+    trace = run(model)
+    theirs = flat(reference(model).posterior.data_vars)
+    assert set(flat(trace.draws)) == set(theirs)
+    assert not mean_mismatches(trace.draws, theirs)
+    d = trace.draws
+    if make is bounded_and_simplex:
+        assert 0 < d["p"].min() and d["p"].max() < 1 and 0 < d["s"].min() and d["s"].max() < 10
+        np.testing.assert_allclose(d["w"].sum(-1), 1.0, rtol=1e-12)
+        return
+    data = trace.to_arviz()  # pm.Data as constant_data, with the model's dims and coords
+    constant = group(data, "constant_data")
+    assert set(constant.data_vars) == {"x", "group_idx"}
+    assert constant["x"].dims == ("obs_id",) and constant["group_idx"].dims == ("obs_id",)
+    assert group(data, "posterior")["a"].dims == ("chain", "draw", "group")
+    assert list(group(data, "posterior")["group"].values) == ["north", "south", "east", "west"]
+
+
+def test_initial_points_are_pymc_jittered_reproducible_and_retried():
+    import pytensor.tensor as pt
+
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.HalfNormal("sigma", 1.0)
+        # Half of PyMC's jittered starts (mu ~ U(-1, 1)) have log density -inf: retried.
+        pm.Potential("wall", pt.switch(mu > 0.0, -np.inf, 0.0))
+    keys = jax.random.split(jax.random.key(0), 64)
+    retried = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
+    once = jax.vmap(cr.from_pymc(model, jitter_max_retries=0).compiled.initial_point)(keys)
+    assert float(retried["mu"].max()) <= 0.0 < float(once["mu"].max())
+    # support point + U(-1, 1) in the unconstrained space: HalfNormal's is log(1) = 0.
+    assert -1 <= float(once["mu"].min()) and float(once["mu"].max()) <= 1
+    assert -1 <= float(once["sigma_log__"].min()) and float(once["sigma_log__"].max()) <= 1
+    again = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
+    np.testing.assert_array_equal(retried["mu"], again["mu"])
+    fixed = jax.vmap(cr.from_pymc(model, jitter=False).compiled.initial_point)(keys)
+    np.testing.assert_array_equal(fixed["mu"], 0.0)
+
+
+def test_same_seed_same_draws_and_initial_position_in_value_space():
+    model = bounded_and_simplex()
+    kernel = cr.from_pymc(model)
+    assert kernel is cr.from_pymc(model)
+    first = cr.run(kernel, jax.random.key(3), None, 20, num_warmup=20, num_chains=4,
+                   progress=False, warn=False)  # fmt: skip
+    again = cr.run(model, jax.random.key(3), None, 20, num_warmup=20, num_chains=4,
+                   progress=False, warn=False)  # fmt: skip
+    np.testing.assert_array_equal(first.draws["w"], again.draws["w"])
+    start = {"p_logodds__": jnp.zeros(4), "s_interval__": jnp.zeros(4),
+             "w_simplex__": jnp.zeros((4, 2))}  # fmt: skip
+    trace = cr.run(kernel, jax.random.key(3), start, 20, num_warmup=20, progress=False, warn=False)
+    assert sorted(trace.draws) == ["p", "s", "w"]
+    with pytest.raises(ValueError, match=r"value variable.*p_logodds__"):
+        cr.run(kernel, jax.random.key(3), {"p": jnp.full(4, 0.5)}, 20, num_warmup=20)
+
+
+def conjugate():
+    """p | k ~ Beta(2 + 7, 2 + 13); mu | y ~ Normal(sum(y) / (n + 1/100), ...) (exact)."""
+    y = np.array([0.3, 1.9, 1.2, 0.4, 1.1, 0.7])
+    with pm.Model() as model:
+        p = pm.Beta("p", 2.0, 2.0)
+        pm.Binomial("k", n=20, p=p, observed=7)
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("y", mu, 1.0, observed=y)
+    return model, {"p": 9 / 24, "mu": y.sum() / (len(y) + 0.01)}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"adaptation": "chees"},
+        {"adaptation": "meads"},
+        {"adaptation": None, "algorithm": blackjax.mala, "step_size": 0.3},
+    ],
+    ids=["chees", "meads", "mala"],
+)
+def test_other_blackjax_algorithms_and_adaptations(options):
+    model, exact = conjugate()
+    draws = 2000 if options["adaptation"] is None else 400
+    trace = cr.run(cr.from_pymc(model, **options), jax.random.key(0), None, draws,
+                   num_warmup=400, num_chains=8, progress=False, warn=False,
+                   keep_warmup=True)  # fmt: skip
+    for name, value in exact.items():
+        x = trace.draws[name]
+        assert abs(x.mean() - value) < 5 * mcse(x), name
+    warm = trace.warmup_draws
+    assert sorted(warm) == ["mu", "p"] and 0 < warm["p"].min() and warm["p"].max() < 1
+
+
+def test_errors():
+    with pm.Model() as discrete:
+        pm.Poisson("n", 3.0)
+    with pytest.raises(ValueError, match="discrete"):
+        cr.from_pymc(discrete)
+    with pytest.raises(TypeError, match=r"pymc\.Model"):
+        cr.from_pymc(lambda: None)
+    model, _ = conjugate()
+    with pytest.raises(ValueError, match="adaptation"):
+        cr.from_pymc(model, adaptation="nuts")
+    with pytest.raises(TypeError, match="unknown option"):
+        cr.from_pymc(model, adaptation="chees", target_accept=0.9)
+
+
+def test_without_pymc_an_import_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymc", None)
+    with pytest.raises(ImportError, match=r'pip install "chainrunner\[pymc\]"'):
+        cr.from_pymc(object())
+
+
+def test_importing_chainrunner_imports_no_pymc_and_keeps_xla_flags():
+    code = (
+        "import os, sys\n"
+        "import chainrunner as cr\n"
+        "from chainrunner.adapters import as_adapter\n"
+        "as_adapter(cr.Kernel(init=lambda x, k: x, step=lambda k, x: (x, {})))\n"
+        "assert 'pymc' not in sys.modules, 'pymc imported'\n"
+        "import pymc as pm\n"
+        "with pm.Model() as m:\n"
+        "    pm.Normal('x')\n"
+        "cr.from_pymc(m)\n"
+        "assert os.environ['XLA_FLAGS'] == FLAGS, os.environ['XLA_FLAGS']\n"
+    )
+    flags = "--xla_force_host_platform_device_count=3"
+    env = {**os.environ, "XLA_FLAGS": flags}
+    code = f"FLAGS = {flags!r}\n{code}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
