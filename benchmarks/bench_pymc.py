@@ -14,7 +14,10 @@ at 4 and 64 chains, ``tune`` warmup steps and ``draws`` draws per chain. Each me
 a fresh process that builds the model and samples once (``first``: compile included, what a
 user waits for after the imports), then again with a new seed (``repeat``); ``ESS/s`` is the
 smallest bulk ESS over all posterior variables of the repeat, per second of the repeat.
-Every call returns ArviZ data; none computes convergence checks. Processes are interleaved
+Every call returns ArviZ data; none computes convergence checks. ESS/s splits into ESS
+per gradient (the sampler and its adaptation) and seconds per gradient (the log density
+and the sampler's own cost per leapfrog step; warmup steps are assumed to cost what
+sampling steps do). Processes are interleaved
 (method order rotated each repetition), figures are medians over ``--reps``, and each ratio
 is chainrunner over the best of the other methods (time: < 1 is faster; ESS/s: > 1 is better).
 
@@ -134,8 +137,13 @@ for seed in (0, 1):
     idata = sample(seed)
     times.append(time.perf_counter() - t0)
 stats = idata["sample_stats"] if hasattr(idata, "children") else idata.sample_stats
-print(json.dumps({"first": times[0], "repeat": times[1], "ess": min_ess_bulk(idata),
-                  "divergences": int(stats["diverging"].values.sum())}))
+# Gradient evaluations of the kept draws (leapfrog steps; numpyro and blackjax call it
+# n_steps, nutpie too), scaled to warmup + draws: the repeat's time per gradient.
+grads, ess = float(stats["n_steps"].values.sum()), min_ess_bulk(idata)
+print(json.dumps({"first": times[0], "repeat": times[1], "ess": ess,
+                  "divergences": int(stats["diverging"].values.sum()),
+                  "ess_per_grad": ess / grads,
+                  "us_per_grad": 1e6 * times[1] / (grads * (draws + tune) / draws)}))
 """
 
 
@@ -163,8 +171,9 @@ def medians(runs: list[dict]) -> dict:
 def table(med: dict, methods: list[str], cases: list[tuple[str, int]]) -> str:
     """The markdown table: each method's figures, chainrunner's ratios to the best other."""
     lines = [
-        "| model | chains | method | first call s | repeat s | min bulk ESS/s | divergences |",
-        "|---|---|---|---|---|---|---|",
+        "| model | chains | method | first call s | repeat s | min bulk ESS/s | divergences "
+        "| ESS per 1000 gradients | µs per gradient |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for model, chains in cases:
         rows = {m: med[(model, chains, m)] for m in methods}
@@ -172,11 +181,12 @@ def table(med: dict, methods: list[str], cases: list[tuple[str, int]]) -> str:
         for m in methods:
             r = rows[m]
             if "failed" in r:
-                lines.append(f"| {model} | {chains} | {m} | failed: {r['failed'][:90]} | | | |")
+                lines.append(f"| {model} | {chains} | {m} | failed: {r['failed'][:90]} | | | | | |")
                 continue
             lines.append(
                 f"| {model} | {chains} | {m} | {r['first']:.2f} | {r['repeat']:.2f} | "
-                f"{r['ess_per_s']:.0f} | {r['divergences']:.0f} |"
+                f"{r['ess_per_s']:.0f} | {r['divergences']:.0f} | "
+                f"{1000 * r['ess_per_grad']:.1f} | {r['us_per_grad']:.2f} |"
             )
         if peers and "failed" not in rows["chainrunner"]:
             ours = rows["chainrunner"]
@@ -186,7 +196,7 @@ def table(med: dict, methods: list[str], cases: list[tuple[str, int]]) -> str:
             lines.append(
                 f"| {model} | {chains} | **chainrunner / best other** | "
                 f"**{ours['first'] / first:.2f}** | **{ours['repeat'] / repeat:.2f}** | "
-                f"**{ours['ess_per_s'] / ess:.2f}** | |"
+                f"**{ours['ess_per_s'] / ess:.2f}** | | | |"
             )
     return "\n".join(lines)
 

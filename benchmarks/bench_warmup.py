@@ -86,7 +86,9 @@ def min_bulk_ess(draws):
     for x in leaves:
         x = np.asarray(x, np.float64)
         flat = x.reshape((*x.shape[:2], -1))
-        ess += [float(az.ess(flat[..., j], method="bulk")) for j in range(flat.shape[-1])]
+        ess += [
+            float(np.ravel(az.ess(flat[..., j], method="bulk"))[0]) for j in range(flat.shape[-1])
+        ]
     return min(ess)
 
 
