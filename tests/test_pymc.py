@@ -17,11 +17,11 @@ import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pymc as pm  # nox -s tests installs chainrunner[pymc]: never skipped
 import pytest
+from mcse import mcse
 
 import chainrunner as cr
-
-pm = pytest.importorskip("pymc")
 
 HERE = os.path.dirname(__file__)
 DB = os.path.join(HERE, "..", "data", "posteriordb")
@@ -119,11 +119,6 @@ def flat(values):
         for j in range(parts.shape[-1]):
             out[name if x.ndim == 2 else f"{name}[{j + 1}]"] = parts[..., j]
     return out
-
-
-def mcse(x):
-    """The Monte-Carlo standard error of the mean of ``x`` ``(chain, draw)``."""
-    return float(np.asarray(az.mcse(x)).reshape(()))
 
 
 def mean_mismatches(ours, theirs, k=4.5):
