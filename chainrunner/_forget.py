@@ -64,8 +64,9 @@ class Windows:
         self.loop, self.placed = loop, placed
         self.first_step, self.chunk_len, self.thinning = first_step, chunk_len, thinning
 
-    def run(self, state: Any, at: int, count: int) -> tuple[Any, Any]:
-        """``(state after, (draws, stats))`` of the real chains, ``(chain, count, ...)``."""
+    def run(self, state: Any, at: int, count: int, bar: Any = None) -> tuple[Any, Any]:
+        """``(state after, (draws, stats))`` of the real chains, ``(chain, count, ...)``;
+        ``bar`` moves after each chunk."""
         n, outs = self.placed.layout.num_chains, []
         for lo in range(at, at + count, self.chunk_len):
             size = min(self.chunk_len, at + count - lo)
@@ -74,6 +75,8 @@ class Windows:
             p = self.placed
             state, out = self.loop(state, p.chains, p.key, start, valid, p.params)
             outs.append(jax.tree.map(lambda x, s=size: x[:n, :s], _distributed.to_host(out)))
+            if bar is not None:
+                bar.update(size * self.thinning)
         return state, jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *outs)
 
 
@@ -84,8 +87,7 @@ def burn_in(
     """The in-loop adaptation (``adapt_draws`` loop draws), then windows until forgotten."""
     w, kept, value = target.window, [], math.inf
     if adapt_draws:
-        state, out = windows.run(state, 0, adapt_draws)
-        bar.update(adapt_draws * windows.thinning)
+        state, out = windows.run(state, 0, adapt_draws, bar)
         if keep:
             kept.append(out)
         if adapt_draws >= w:
@@ -93,12 +95,11 @@ def burn_in(
     added = 0
     bar.set_description("burn-in")
     while value > target.nested_rhat and added < target.max_draws:
-        state, out = windows.run(state, adapt_draws + added, w)
+        state, out = windows.run(state, adapt_draws + added, w, bar)
         added += w
         if keep:
             kept.append(out)
         value = forgotten_value(out[0], superchains)
-        bar.update(w * windows.thinning)
         bar.set_postfix({"nRhat": f"{value:.3f}/{target.nested_rhat}"})
     joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *kept) if kept else None
     forgotten = value <= target.nested_rhat

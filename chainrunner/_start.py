@@ -69,6 +69,12 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
         else:
             n = plan.num_chains
         cross = adapter.has_cross_chain_warmup and plan.num_warmup > 0
+        if cross and plan.warmup_until is not None and plan.keep_warmup and plan.keep is not None:
+            raise ValueError(
+                "run: warmup_until with keep_warmup=True and keep= is not supported after a "
+                "cross-chain warmup (its kept draws are whole positions, the added windows' "
+                "what keep= stores); drop keep_warmup or keep."
+            )
         start = Start(kernel, n, initial_position, None, 0, cross)
     if plan.num_chains is not None and plan.num_chains != start.num_chains:
         raise ValueError(

@@ -138,7 +138,14 @@ def check_forgotten(value: Any) -> Forgotten | None:
 
 
 def columns(draws: Any) -> tuple[np.ndarray, list[str]]:
-    """Every element of every draw leaf as a float64 column: ``(chain, draw, k)`` and names."""
+    """Every element of every draw leaf as a float64 column: ``(chain, draw, k)`` and names.
+
+    An element with one value in every chain and draw (the zeros of a Cholesky factor, a
+    constant ``Deterministic``) has no R-hat or ESS (0 / 0) and says nothing about mixing:
+    it is left out, unless every element is constant (then no chain moved at all, and
+    the NaN diagnostics keep the run from counting as converged). An element constant
+    within each chain but different between chains (stuck chains) stays.
+    """
     from ._naming import flat_dict
 
     arrays, names = [], []
@@ -146,7 +153,12 @@ def columns(draws: Any) -> tuple[np.ndarray, list[str]]:
         x = np.asarray(x, dtype=np.float64)
         arrays.append(x.reshape(x.shape[0], x.shape[1], -1))
         names += [name] * arrays[-1].shape[2]
-    return np.concatenate(arrays, axis=2), names
+    x = np.concatenate(arrays, axis=2)
+    moving = ~(x.min(axis=(0, 1)) == x.max(axis=(0, 1)))  # NaN compares unequal: kept
+    if moving.any() and not moving.all():
+        x = x[:, :, moving]
+        names = [n for n, keep in zip(names, moving, strict=True) if keep]
+    return x, names
 
 
 class Status(NamedTuple):

@@ -153,3 +153,17 @@ def test_join_warmup_without_parts():
     part = ({"x": np.zeros((2, 3))}, {"lp": np.zeros((2, 3))})
     assert _forget.join_warmup((None, None), part) is part
     assert _forget.join_warmup(part, None) is part
+
+
+def test_an_element_constant_everywhere_does_not_block_forgetting():
+    """A constant element (a Cholesky factor's zero, a constant Deterministic) has no
+    nested R-hat (0 / 0): it says nothing about mixing and is left out."""
+
+    def step(rng_key, s):
+        x = 0.5 * s["x"] + jax.random.normal(rng_key, s["x"].shape)
+        return {"x": x, "one": s["one"]}, {}
+
+    kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
+    start = {"x": X0, "one": jnp.ones((12, 1))}
+    trace = cr.run(kernel, jax.random.key(7), start, 10, warmup_until=TARGET, **KW)
+    assert trace.attrs["warmup_forgotten"] and trace.attrs["burn_in_steps"] < 400

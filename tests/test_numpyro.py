@@ -233,6 +233,18 @@ def test_log_likelihood_on_request():
     assert data["log_likelihood"]["y"].shape == (2, 20, 3)
 
 
+def test_log_likelihood_without_the_sites_it_needs_warns_and_keeps_the_draws():
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal())
+        tau = numpyro.sample("tau", dist.HalfNormal())
+        numpyro.sample("y", dist.Normal(mu, tau), obs=y)
+
+    asked = cr.from_numpyro(NUTS(model), model_args=(np.array([0.1, 0.5]),), log_likelihood=True)
+    with pytest.warns(cr.ChainrunnerWarning, match="could not be computed from the draws"):
+        trace = cr.run(asked, KEY, None, 10, num_chains=2, keep=["mu"], progress=False, warn=False)
+    assert trace.draws["mu"].shape == (2, 10) and "log_likelihood" not in trace.groups
+
+
 X64_SCRIPT = textwrap.dedent(
     """
     import jax

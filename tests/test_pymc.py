@@ -296,6 +296,31 @@ def test_errors():
         cr.from_pymc(model, adaptation="chees", target_accept=0.9)
 
 
+def test_log_likelihood_with_keep_of_some_variables_warns_and_keeps_the_draws():
+    kernel = cr.from_pymc(eight_schools(), log_likelihood=True)
+    with pytest.warns(cr.ChainrunnerWarning, match="keep= left them out"):
+        trace = cr.run(kernel, jax.random.key(2), None, 20, num_warmup=20, num_chains=2,
+                       keep=["mu"], progress=False, warn=False)  # fmt: skip
+    assert trace.draws["mu"].shape == (2, 20) and "log_likelihood" not in trace.groups
+
+
+def test_initial_points_pymc_draws_need_initvals_or_a_position():
+    """ZeroSumNormal's support point is a draw in PyMC's graph: initvals or a position."""
+    with pm.Model() as model:
+        a = pm.ZeroSumNormal("a", shape=3)
+        pm.Normal("y", a, 1.0, observed=np.array([0.5, -0.2, 0.1]))
+    kw = {"num_warmup": 20, "progress": False, "warn": False}
+    kernel = cr.from_pymc(model)  # nothing compiled for initial points yet: no error here
+    with pytest.raises(NotImplementedError, match="initvals"):
+        cr.run(kernel, jax.random.key(0), None, 20, num_chains=2, **kw)
+    trace = cr.run(kernel, jax.random.key(0), {"a_zerosum__": np.zeros((2, 2))}, 20, **kw)
+    np.testing.assert_allclose(trace.draws["a"].sum(-1), 0.0, atol=1e-12)
+    given = cr.from_pymc(model, initvals={"a": np.zeros(3)})
+    assert cr.run(given, jax.random.key(0), None, 20, num_chains=2, **kw).draws["a"].shape == (
+        2, 20, 3,
+    )  # fmt: skip
+
+
 def test_without_pymc_an_import_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "pymc", None)
     with pytest.raises(ImportError, match=r'pip install "chainrunner\[pymc\]"'):

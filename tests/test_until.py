@@ -266,3 +266,17 @@ def test_a_converged_run_computes_no_chunk_after_its_stop():
     jax.effects_barrier()
     assert trace.attrs["stopped"] == "converged" and trace.num_draws < 1000
     assert len(steps) == 4 * trace.num_draws  # 4 chains, not one chunk more
+
+
+def test_an_element_constant_everywhere_does_not_block_convergence():
+    from chainrunner import _until
+
+    x = np.random.default_rng(9).normal(size=(4, 400, 3))
+    x[:, :, 1] = 1.0  # constant in every chain and draw: no R-hat, no say in mixing
+    status = _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0]
+    assert status.met and np.isfinite(status.rhat)
+    x[:, :, :] = 1.0  # every element constant: no chain moved, not converged
+    assert not _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met
+    stuck = np.random.default_rng(9).normal(size=(4, 400, 2))
+    stuck[:, :, 1] = np.arange(4)[:, None]  # constant within chains, not between: stuck
+    assert not _until.evaluate(stuck, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met

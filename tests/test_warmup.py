@@ -233,3 +233,18 @@ def test_errors():
         cr.from_blackjax(blackjax.nuts, logdensity_fn=small_logdensity, adaptation="window")
         is WINDOW
     )
+
+
+def test_keep_with_a_cross_chain_warmup():
+    """keep= names are checked with the adapted kernel (its step needs the adapted params)."""
+
+    def logdensity(x):
+        return -0.5 * jnp.sum(x["a"] ** 2) - 0.5 * jnp.sum(x["b"] ** 2)
+
+    chees = cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=logdensity, adaptation="chees")
+    x0 = {"a": jnp.zeros((4, 2)), "b": jnp.zeros((4, 3))}
+    kw = {"num_warmup": 20, "progress": False, "warn": False}
+    trace = cr.run(chees, jax.random.key(0), x0, 20, keep=["a"], **kw)
+    assert sorted(trace.draws) == ["a"] and trace.draws["a"].shape == (4, 20, 2)
+    with pytest.raises(ValueError, match="keep names"):
+        cr.run(chees, jax.random.key(0), x0, 20, keep=["zz"], **kw)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -430,7 +431,18 @@ class NumpyroKernel(Adapter):
         if observed:
             out["observed_data"] = observed
         if self.want_log_likelihood and complete:
-            out["log_likelihood"] = self.log_likelihood(draws)
+            try:
+                out["log_likelihood"] = self.log_likelihood(draws)
+            except Exception as e:  # the draws stand: the extra group is what fails
+                from .._diagnostics import ChainrunnerWarning, caller_stacklevel
+
+                warnings.warn(
+                    "from_numpyro(log_likelihood=True): the log likelihood could not be "
+                    f"computed from the draws ({type(e).__name__}: {e}); keep= may have left "
+                    "out latent sites it needs. The trace has no log_likelihood group.",
+                    ChainrunnerWarning,
+                    stacklevel=caller_stacklevel(),
+                )
         return out
 
     def observed_data(self) -> dict[str, np.ndarray]:

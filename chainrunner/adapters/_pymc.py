@@ -204,10 +204,12 @@ def _initial_point_graph(model: Any, initvals: Mapping | None, jitter: bool) -> 
         fn = _jax_graph(inputs, clone_replace(outputs, replace=replace))
     except ValueError as e:  # a random draw left in the graph: initval="prior"
         raise NotImplementedError(
-            "from_pymc: an initial point of this model is a draw from the prior "
-            '(initval="prior", or a distribution without a support point); give the '
-            "variable an initval, or pass initial_position to cr.run "
-            f"({{value variable: values with a leading chain axis}}). PyMC said: {e}"
+            "from_pymc: PyMC's initial point of this model has random draws left in it "
+            '(initval="prior", or a distribution whose support point PyMC draws, such as '
+            "ZeroSumNormal, LKJCorr or LKJCholeskyCov), which its JAX conversion cannot "
+            "compile; give those variables initvals (from_pymc(model, initvals={name: "
+            "value})), or pass initial_position to cr.run ({value variable: unconstrained "
+            f"values with a leading chain axis}}). PyMC said: {e}"
         ) from e
     return fn, specs
 
@@ -289,9 +291,24 @@ def compile_model(
         value_names=names,
         logdensity_fn=logdensity_fn,
         constrain=_constrain(model),
-        initial_point=_initial_point(model, initvals, jitter, jitter_max_retries, logdensity_fn),
+        initial_point=_lazy(
+            lambda: _initial_point(model, initvals, jitter, jitter_max_retries, logdensity_fn)
+        ),
         log_likelihood=_log_likelihood(model),
     )
+
+
+def _lazy(build: Callable[[], Callable]) -> Callable:
+    """``build()``'s function, built at its first call: PyMC's initial-point expression is
+    compiled only when a run needs it (not with ``initial_position`` given)."""
+    made: list[Callable] = []
+
+    def call(*args: Any) -> Any:
+        if not made:
+            made.append(build())
+        return made[0](*args)
+
+    return call
 
 
 _JITTER_SALT = 0x70796D63  # "pymc": the jitter's keys are not the kernel's init keys
@@ -435,7 +452,19 @@ class PymcModel(Adapter):
         if self._constants:
             out["constant_data"] = dict(self._constants)
         if self.want_log_likelihood and complete:
-            out["log_likelihood"] = self.log_likelihood(draws)
+            missing = sorted({rv.name for rv in self.model.free_RVs} - set(draws))
+            if missing:  # keep= left them out: the draws stand, the group cannot be made
+                from .._diagnostics import ChainrunnerWarning, caller_stacklevel
+
+                warnings.warn(
+                    f"from_pymc(log_likelihood=True): the draws have no {missing} (keep= "
+                    "left them out), which the log likelihood needs; the trace has no "
+                    "log_likelihood group. Keep every free variable to get it.",
+                    ChainrunnerWarning,
+                    stacklevel=caller_stacklevel(),
+                )
+            else:
+                out["log_likelihood"] = self.log_likelihood(draws)
         return out
 
     def dims(self) -> dict[str, list[str]]:
