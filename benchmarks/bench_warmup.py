@@ -7,12 +7,23 @@ min bulk ESS (ArviZ, over all scalar parameters) per second, warmup included (wa
 of a warm ``run`` with warmup and sampling) and excluded (that minus the wall time of the
 same run with one sampling step). Each configuration runs once to compile first.
 
-Usage: ``python benchmarks/bench_warmup.py [--quick]``. Prints JSON, then a markdown table.
+With ``--scaling``: the cross-chain warmup alone (ChEES and MEADS, 256 chains on a 50-d
+correlated Gaussian, 200 warmup steps), ``layout="replicated"`` (blackjax's run under plain
+jit, every device all chains) vs ``layout="sharded"`` (the default: the chains spread over
+the devices under shard_map) on 1, 2, 4 and 8 simulated CPU devices. Each configuration
+runs once to compile; then ``--reps`` interleaved repetitions, and the median of the
+warmup's wall time (``trace.attrs["warmup_time"]``, compile excluded) is reported, with
+the ratio sharded / replicated per device count. Simulated devices share the machine's
+cores: beyond the physical core count no speed-up is expected. ``--logistic``: the same
+on 1 and 2 devices for a logistic regression with 2000 rows, whose gradient is the cost.
+
+Usage: ``python benchmarks/bench_warmup.py [--quick] [--scaling [--reps N]]``. Prints JSON,
+then a markdown table.
 """
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_num_cpu_devices", 8)  # the ESS section uses 2 of them
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -126,10 +137,96 @@ def bench(name, kernel, start, num_chains, num_warmup, num_samples, mesh):
     }
 
 
+def correlated_gaussian(dim, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(dim, dim))
+    cov = a @ a.T / dim + np.eye(dim)
+    precision = jnp.asarray(np.linalg.inv(cov), jnp.float32)
+    return lambda x: -0.5 * x @ precision @ x
+
+
+def logistic_regression(dim, rows=2000, seed=0):
+    """A dear gradient: logistic regression, ``rows`` x ``dim`` data, normal prior."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(rows, dim)) / np.sqrt(dim)
+    y = (X @ rng.normal(size=dim) + rng.logistic(size=rows) > 0).astype(np.float32)
+    X, y = jnp.asarray(X, jnp.float32), jnp.asarray(y)
+
+    def logdensity(beta):
+        z = X @ beta
+        return -0.5 * beta @ beta + jnp.sum(y * z - jnp.logaddexp(0.0, z))
+
+    return logdensity
+
+
+def scaling(num_chains=256, dim=50, num_warmup=200, reps=3, devices=(1, 2, 4, 8),
+            target="gaussian"):  # fmt: skip
+    """Cross-chain warmup seconds, replicated vs sharded layout, per device count."""
+    if target == "gaussian":
+        logdensity = correlated_gaussian(dim)
+    else:
+        logdensity = logistic_regression(dim)
+    start = jax.random.normal(jax.random.key(7), (num_chains, dim))
+    factories = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc}
+    configs = [(a, layout, d) for a in factories for layout in ("replicated", "sharded")
+               for d in devices]  # fmt: skip
+
+    def go(config):
+        a, layout, d = config
+        k = cr.from_blackjax(factories[a], logdensity_fn=logdensity, adaptation=a, layout=layout)
+        trace = cr.run(k, jax.random.key(0), start, 1, num_warmup=num_warmup,
+                       mesh=cr.chain_mesh(d), progress=False, warn=False)  # fmt: skip
+        return trace.attrs["warmup_time"]
+
+    first = {c: go(c) for c in configs}  # compile
+    times = {c: [] for c in configs}
+    for _ in range(reps):  # interleaved
+        for c in configs:
+            times[c].append(go(c))
+    rows = []
+    for a, layout, d in configs:
+        med = float(np.median(times[(a, layout, d)]))
+        rows.append({"benchmark": "cross_chain_warmup_scaling", "adaptation": a,
+                     "layout": layout, "devices": d, "chains": num_chains, "dim": dim,
+                     "num_warmup": num_warmup, "reps": reps, "median_s": med,
+                     "target": target,
+                     "first_call_s": first[(a, layout, d)], "jax": jax.__version__})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def scaling_table(rows):
+    """Markdown: warmup seconds per device count, replicated vs sharded, and the ratio."""
+    by = {(r["adaptation"], r["layout"], r["devices"]): r["median_s"] for r in rows}
+    lines = [
+        "| adaptation | devices | replicated s | sharded s | sharded / replicated |"
+        " sharded speed-up vs 1 device |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, _, d in sorted({k for k in by if k[1] == "sharded"}):
+        rep, sh = by[(a, "replicated", d)], by[(a, "sharded", d)]
+        lines.append(
+            f"| {a} | {d} | {rep:.3f} | {sh:.3f} | {sh / rep:.2f} | "
+            f"{by[(a, 'sharded', 1)] / sh:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="eight schools only, shorter runs")
+    parser.add_argument("--scaling", action="store_true", help="cross-chain warmup scaling only")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions for --scaling")
+    parser.add_argument("--logistic", action="store_true", help="--scaling, dear gradients")
     args = parser.parse_args()
+    if args.scaling:
+        kw = {"num_chains": 64, "num_warmup": 100} if args.quick else {}
+        if args.logistic:
+            kw = {**kw, "target": "logistic", "devices": (1, 2)}
+        rows = scaling(reps=args.reps, **kw)
+        print()
+        print(scaling_table(rows))
+        return
     num_chains = 8
     num_warmup, num_samples = (500, 1000) if args.quick else (1000, 2000)
     mesh = cr.chain_mesh(2)

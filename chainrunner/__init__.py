@@ -9,6 +9,7 @@ from ._diagnostics import Diagnostics as Diagnostics
 from ._diagnostics import diagnose as diagnose
 from ._kernel import Adapter as Adapter
 from ._kernel import CrossChainWarmup as CrossChainWarmup
+from ._kernel import Ensemble as Ensemble
 from ._kernel import Kernel as Kernel
 from ._kernel import WarmupRequest as WarmupRequest
 from ._mesh import chain_mesh as chain_mesh
@@ -29,6 +30,7 @@ __all__ = [
     "Converged",
     "CrossChainWarmup",
     "Diagnostics",
+    "Ensemble",
     "Forgotten",
     "Kernel",
     "Trace",

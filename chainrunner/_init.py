@@ -64,10 +64,9 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
         placed.key,
         placed.params,
     )
-    b = layout.batch_size
-    init, dt = compiled(
-        ("init", kernel.functions, mesh, b), lambda: init_program(kernel, mesh, b), args, on_traced
-    )
+    b, n = layout.batch_size, layout.num_chains
+    key = ("init", kernel.functions, mesh, b) + ((n,) if kernel.ensemble is not None else ())
+    init, dt = compiled(key, lambda: init_program(kernel, mesh, b, n), args, on_traced)
     state, lp = init(*args)
     if kernel.logdensity is None:
         return state, None, dt

@@ -64,6 +64,10 @@ class Kernel(NamedTuple):
             the compiled program.
         needs_position: ``False`` if ``init`` can start a chain from its key alone
             (``position`` is then ``None`` when ``run`` gets no initial position).
+        ensemble: ``None`` for independent chains; an ``Ensemble`` for walkers that move
+            together (numpyro's ``AIES``, ``ESS``). ``init`` and ``step`` are then the
+            ensemble's whole-ensemble functions, and ``extract`` and ``logdensity`` take
+            one walker's row of ``Ensemble.rows(state)`` (and its row of the step's info).
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -83,6 +87,7 @@ class Kernel(NamedTuple):
     logdensity: Callable[[Any], jax.Array | None] | None = default_logdensity
     params: Any = None
     needs_position: bool = True
+    ensemble: Any = None
 
     @property
     def functions(self) -> tuple:
@@ -100,7 +105,47 @@ class Kernel(NamedTuple):
             extract=lambda state, info: extract(state, info, params),
             logdensity=None if logdensity is None else (lambda state: logdensity(state, params)),
             needs_position=self.needs_position,
+            ensemble=self.ensemble,
         )
+
+
+class Ensemble(NamedTuple):
+    """The whole-ensemble functions of a kernel whose walkers move together.
+
+    Every device holds the whole ensemble (``_collective``): ``init`` and ``step`` run
+    replicated, and hand their per-walker work (log densities) to ``evaluate(fn, xs)``,
+    which maps ``fn`` over the rows of ``xs`` spread over the devices and returns every
+    row's result to every device. Between chunks the state is stored as one row per
+    walker (``rows``), sharded like any chain state, so padding, continuing a trace,
+    checkpoints and ``final_state`` work as for independent chains.
+
+    Attributes:
+        init: ``init(positions, rng_key, num_walkers, params, evaluate) -> state``;
+            ``positions`` has a leading walker axis (or is ``None``).
+        step: ``step(state, params, evaluate) -> (state, info)``; ``info`` has one row per
+            walker (what ``Kernel.extract`` gets with that walker's row of the state).
+        rows: ``rows(state) -> per-walker rows`` (leading walker axis; the ensemble's
+            shared values repeated on every row).
+        whole: ``whole(rows) -> state``, the inverse of ``rows``.
+        prepare: ``prepare(state, params, evaluate)`` or ``None``: called once at the top
+            of every compiled program that steps the ensemble, before the steps (numpyro
+            kernels build their closures there, once per program rather than per step).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> e = cr.Ensemble(init=lambda p, k, n, params, evaluate: p,
+        ...                 step=lambda s, params, evaluate: (s, {}),
+        ...                 rows=lambda s: s, whole=lambda r: r)
+        >>> e.whole(e.rows(jnp.zeros(4))).shape
+        (4,)
+    """
+
+    init: Callable
+    step: Callable
+    rows: Callable
+    whole: Callable
+    prepare: Callable | None = None
 
 
 class CrossChainWarmup(NamedTuple):
@@ -138,6 +183,10 @@ class WarmupRequest(NamedTuple):
         num_warmup: warmup steps.
         mesh: the run's mesh.
         keep_warmup: also return the warmup draws and stats.
+        batch_size: the run's ``batch_size`` option as given (a number, ``None`` or
+            ``"auto"``); a warmup that spreads per-chain work over the devices
+            (``_collective.spread``) takes its batch width from it, so that its results
+            do not depend on the device count.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -154,6 +203,7 @@ class WarmupRequest(NamedTuple):
     num_warmup: int
     mesh: Mesh
     keep_warmup: bool
+    batch_size: int | str | None = "auto"
 
 
 class Adapter:

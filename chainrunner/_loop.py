@@ -54,10 +54,12 @@ def compile_loop(
     """The compiled chunk program for ``state`` (arrays or shape structs), and seconds spent."""
     mesh, b = placed.mesh, placed.layout.batch_size
     zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
+    n = placed.layout.num_chains
     key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, plan.thinning, plan.keep)
+    key += (n,) if kernel.ensemble is not None else ()
     return compiled(
         key,
-        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, plan.thinning, plan.keep),
+        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, plan.thinning, plan.keep, n),
         (state, placed.chains, placed.key, *zero, placed.params),
         on_traced,
     )

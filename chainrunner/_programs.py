@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _mesh
+from . import _ensemble, _mesh
 from ._compile import TRACE_LOCK
 from ._kernel import Kernel
 
@@ -137,8 +137,8 @@ def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any) -> No
     Traces (abstractly: ``eval_shape``, no compilation) one chain's init, step and
     extract; ``position``/``state`` are the run's (leading chain axis), one of them ``None``.
     """
-    if keep is None or callable(keep):
-        return
+    if keep is None or callable(keep) or kernel.ensemble is not None:
+        return  # an ensemble's keep names are checked as its chunk program traces
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
     key = jax.random.key(0)
 
@@ -153,8 +153,13 @@ def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any) -> No
         jax.eval_shape(probe, *one, kernel.params)
 
 
-def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None) -> Callable:
-    """``(position, chain, tries, rng_key, params) -> (state, lp)``, over the mesh."""
+def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> Callable:
+    """``(position, chain, tries, rng_key, params) -> (state, lp)``, over the mesh.
+
+    ``n`` is the number of real chains; an ensemble's program depends on it.
+    """
+    if kernel.ensemble is not None:
+        return _ensemble.init_program(kernel, mesh, batch_size, n, trace_counts)
 
     def body(position, chain, tries, rng_key, params):
         trace_counts["init"] += 1
@@ -173,9 +178,18 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None) -> Callable
 
 
 def chunk_program(
-    kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any
-) -> Callable:
-    """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``."""
+    kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any,
+    n: int,
+) -> Callable:  # fmt: skip
+    """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
+
+    ``n`` is the number of real chains; an ensemble's program depends on it.
+    """
+    if kernel.ensemble is not None:
+        return _ensemble.chunk_program(
+            kernel, mesh, batch_size, n, chunk_len, thinning,
+            lambda params: apply_keep(kernel.bind(params), keep).extract, trace_counts,
+        )  # fmt: skip
 
     def body(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1

@@ -242,8 +242,9 @@ def _warm_up(
         return Warm(start.kernel, state)
     t0 = time.perf_counter()
     request = WarmupRequest(
-        plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup
-    )
+        plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup,
+        plan.batch_size,
+    )  # fmt: skip
     out = adapter.cross_chain_warmup(request)
     draws, stats = out.draws, out.stats
     if draws is not None and plan.thinning > 1:  # draw i: the state after step (i+1)*thinning

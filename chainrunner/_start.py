@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import Mesh
 
-from . import _distributed, _mesh
+from . import _distributed, _ensemble, _mesh
 from ._checks import Plan, leading_size
 from ._kernel import Adapter, Kernel
 from ._trace import Trace
@@ -81,6 +81,8 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             f"run: num_chains={plan.num_chains} but initial_position has {start.num_chains} "
             "chains (leading axis)."
         )
+    if start.kernel.ensemble is not None:
+        _ensemble.check(plan, start.num_chains)
     k = plan.superchains
     if k is not None and (start.num_chains % k or start.num_chains // k < 1):
         raise ValueError(
@@ -126,7 +128,10 @@ def place(plan: Plan, start: Start) -> Placement:
         multi = _distributed.is_multiprocess()
         mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
     _distributed.check_mesh_spans_processes(mesh, "run")
-    batch_size, choice = _mesh.auto_batch_size(plan.batch_size, mesh)
+    if start.kernel.ensemble is not None and plan.batch_size == "auto":
+        batch_size, choice = _ensemble.auto_width(n)
+    else:
+        batch_size, choice = _mesh.auto_batch_size(plan.batch_size, mesh)
     layout = _mesh.make_layout(n, mesh, batch_size)
     ids = _mesh.chain_ids(n, layout.padded)
     chains = _mesh.place(ids, mesh)

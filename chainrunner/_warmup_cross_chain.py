@@ -2,10 +2,18 @@
 
 ``cr.from_blackjax(blackjax.dynamic_hmc | blackjax.ghmc, logdensity_fn=...,
 adaptation="chees" | "meads")`` lands here. The adaptation needs statistics over all
-chains, so it runs before sampling under plain ``jax.jit`` on the sharded chain states
-(the compiler inserts the cross-device reductions), over the real chains only: the
-padding chains that fill the devices are sliced off first, so they never enter a
-statistic. Sampling then runs under ``shard_map`` with the adapted shared parameters as
+chains, so it runs before sampling, over the real chains only (the padding chains that
+fill the devices never enter a statistic), in one of two layouts:
+
+- ``layout="sharded"`` (the default, ``_warmup_sharded``): under ``shard_map``, the
+  ensemble replicated, each step's kernel calls spread over the devices at the run's
+  batch width, the adaptation updated on every device from the gathered chains.
+  Bitwise the same on any device count for the same batch width, and faster with more
+  devices.
+- ``layout="replicated"``: blackjax's own ``run`` under plain ``jax.jit``, every device
+  advancing all chains. Bitwise the same on any device count, no faster with more.
+
+Sampling then runs under ``shard_map`` with the adapted shared parameters as
 ``Kernel.params``.
 """
 
@@ -21,7 +29,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _distributed, _mesh
+from . import _distributed, _mesh, _warmup_sharded
 from ._kernel import (
     Adapter,
     CrossChainWarmup,
@@ -33,6 +41,7 @@ from ._kernel import (
 )
 from ._lru import LRU
 from ._naming import warmup_stats
+from ._warmup_sharded import Shape, chees_jitter
 from ._warmup_window import strong
 
 # Chain-independent salt for the keys of the cross-chain warmup: those keys come from
@@ -62,24 +71,10 @@ def _ghmc_functions(logdensity_fn: Callable, divergence_threshold: float) -> tup
     return init, step
 
 
-def _chees_jitter(jitter_amount: float) -> Callable:
-    import blackjax.mcmc.dynamic_hmc as dynamic_hmc
-
-    # blackjax's chees_adaptation uses halton_sequence(i, ceil(log2(num_warmup +
-    # max_sampling_steps))); we make that 20 bits (see _chees), so the sampling kernel
-    # continues the same quasi-random sequence.
-    max_bits = np.float64(20.0)
-
-    def jitter(i):
-        return dynamic_hmc.halton_sequence(i, max_bits) * jitter_amount + (1.0 - jitter_amount)
-
-    return jitter
-
-
 def _dhmc_functions(logdensity_fn: Callable, jitter_amount: float) -> tuple:
     import blackjax.mcmc.dynamic_hmc as dynamic_hmc
 
-    jitter = _chees_jitter(jitter_amount)
+    jitter = chees_jitter(jitter_amount)
 
     def integration_steps_fn(random_generator_arg, num_leapfrog_steps):
         return jnp.asarray(jnp.ceil(jitter(random_generator_arg) * num_leapfrog_steps), dtype=int)
@@ -277,16 +272,12 @@ class CrossChainAdaptation(Adapter):
 
         o, method = self.options, _METHODS[self.adaptation]
         info_fn = return_all_adapt_info if keep else get_filter_adapt_info_fn()
-        chained = NamedSharding(mesh, P(_mesh.AXIS))
 
         def body(rng_key, state):
             # The padding chains are dropped: every statistic is over the real chains.
+            # Every device advances all real chains, so the result does not depend on the
+            # device count or padding (bitwise).
             real = jax.tree.map(lambda x: x[:num_chains], state)
-            # "replicated": every device advances all real chains, so the result does not
-            # depend on the device count or padding (bitwise); "sharded": the chains are
-            # split over the devices, results agree to round-off, which adaptation can grow.
-            if o["layout"] == "sharded":
-                real = jax.lax.with_sharding_constraint(real, chained)
             key = jax.random.fold_in(rng_key, _CROSS_CHAIN_SALT)
             last, params, step_size, info = method(
                 self.logdensity_fn, o, num_chains, num_warmup, info_fn, key, real.position, keep
@@ -305,12 +296,10 @@ class CrossChainAdaptation(Adapter):
     def _program(self, num_chains: int, padded: int, num_warmup: int, keep: bool, mesh: Any):
         def build():
             body = self._body(num_chains, padded, num_warmup, keep, mesh)
+            # Inputs and outputs replicated, so the partitioner has no reason to split the
+            # chains: every device runs the same whole-ensemble program.
             replicated = NamedSharding(mesh, P())
-            # "replicated": inputs and outputs replicated, so the partitioner has no reason
-            # to split the chains: every device runs the same whole-ensemble program.
-            chained = NamedSharding(mesh, P(_mesh.AXIS))
-            state_out = replicated if self.options["layout"] == "replicated" else chained
-            return jax.jit(body, out_shardings=(state_out, replicated, replicated, replicated))
+            return jax.jit(body, out_shardings=(replicated,) * 4)
 
         return self._programs.get((num_chains, padded, num_warmup, keep, mesh), build)
 
@@ -341,14 +330,10 @@ class CrossChainAdaptation(Adapter):
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         if self.adaptation == "meads":
             meads_folds(r.num_chains, self.options["num_folds"])  # eager error
-        program = self._program(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh)
-        if self.options["layout"] == "replicated":
-            state, key = _mesh.replicate(r.state, r.mesh), _mesh.replicate(r.rng_key, r.mesh)
+        if self.options["layout"] == "sharded":
+            new_state, params, draws, stats = self._run_sharded(r, padded)
         else:
-            state, key = _mesh.place(r.state, r.mesh), r.rng_key
-        new_state, params, draws, stats = program(key, state)
-        if draws is not None:
-            draws, stats = _distributed.to_host((draws, stats))
+            new_state, params, draws, stats = self._run_replicated(r, padded)
         return CrossChainWarmup(
             _mesh.place(new_state, r.mesh),
             self.sampling_kernel(params),
@@ -356,6 +341,37 @@ class CrossChainAdaptation(Adapter):
             stats,
             _adapted_attrs(self.adaptation, params),
         )
+
+    def _run_replicated(self, r: WarmupRequest, padded: int) -> tuple:
+        """``layout="replicated"``: blackjax's ``run`` under plain ``jit``."""
+        program = self._program(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh)
+        state, key = _mesh.replicate(r.state, r.mesh), _mesh.replicate(r.rng_key, r.mesh)
+        new_state, params, draws, stats = program(key, state)
+        if draws is not None:
+            draws, stats = _distributed.to_host((draws, stats))
+        return new_state, params, draws, stats
+
+    def _run_sharded(self, r: WarmupRequest, padded: int) -> tuple:
+        """``layout="sharded"``: the chains spread over the devices (``_warmup_sharded``)."""
+        shape = Shape(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh,
+                      r.batch_size)  # fmt: skip
+
+        def build() -> Callable:
+            o = dict(self.options)
+            if self.adaptation == "meads":
+                o["num_folds"] = meads_folds(r.num_chains, o["num_folds"])
+            method = _warmup_sharded.METHODS[self.adaptation]
+            return _warmup_sharded.program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
+
+        program = self._programs.get(("sharded", *shape), build)
+        key, state = _mesh.replicate(r.rng_key, r.mesh), _mesh.replicate(r.state, r.mesh)
+        new_state, params, draws, stats = program(key, state)
+        # The parameters come back once per device, all equal: keep the first copy.
+        params = jax.tree.map(lambda x: x[0], _distributed.to_host(params))
+        if draws is not None:
+            n = r.num_chains
+            draws, stats = jax.tree.map(lambda x: x[:n], _distributed.to_host((draws, stats)))
+        return new_state, params, draws, stats
 
 
 def _adapted_attrs(adaptation: str, params: dict) -> dict[str, Any]:

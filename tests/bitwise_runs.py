@@ -115,14 +115,16 @@ def runs() -> dict[str, Callable[[], dict[str, np.ndarray]]]:
         return _flat("window", t)
 
     def chees():
-        k = cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=logdensity, adaptation="chees")
+        k = cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=logdensity, adaptation="chees",
+                             layout="replicated")  # fmt: skip
         t = cr.run(k, jax.random.key(6), x0, 10, num_warmup=20, keep_warmup=True,
                    mesh=cr.chain_mesh(2), **kw)  # fmt: skip
         more = cr.run(k, jax.random.key(6), t, 5, **kw)
         return {**_flat("chees", t), **_flat("chees_more", more)}
 
     def meads():
-        k = cr.from_blackjax(blackjax.ghmc, logdensity_fn=logdensity, adaptation="meads")
+        k = cr.from_blackjax(blackjax.ghmc, logdensity_fn=logdensity, adaptation="meads",
+                             layout="replicated")  # fmt: skip
         t = cr.run(k, jax.random.key(7), jnp.tile(x0, (2, 1)), 10, num_warmup=20,
                    mesh=cr.chain_mesh(4), **kw)  # fmt: skip
         return _flat("meads", t)

@@ -195,8 +195,6 @@ def test_errors():
         cr.run(NUTS(two_sites), KEY, {"a": jnp.zeros(2)}, 10, num_chains=3, progress=False)
     with pytest.raises(TypeError, match="pass its kernel instead"):
         cr.from_numpyro(MCMC(NUTS(two_sites), num_warmup=1, num_samples=1))
-    with pytest.raises(TypeError, match="ensemble kernel"):
-        cr.from_numpyro(numpyro.infer.AIES(two_sites))
     with pytest.raises(TypeError, match="model_args must be a tuple"):
         cr.from_numpyro(NUTS(two_sites), model_args=np.zeros(3))
     with pytest.raises(TypeError, match="kernel must be a numpyro MCMCKernel"):

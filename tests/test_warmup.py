@@ -151,9 +151,9 @@ def cross_chain_step_size(obj, num_devices, **kw):
 def test_cross_chain_padding_is_masked_and_layout_free(obj):
     padded, s8 = cross_chain_step_size(obj, 8)  # 6 chains + 2 padding chains
     assert padded.attrs["padded_chains"] == 2
-    for d in (3, 2):  # no padding
+    for d in (3, 2):  # no padding: the default (sharded) warmup is bitwise the same
         _, s = cross_chain_step_size(obj, d)
-        np.testing.assert_allclose(s, s8, rtol=1e-5)
+        assert s == s8
     again, s_again = cross_chain_step_size(obj, 8)
     assert s_again == s8
     np.testing.assert_array_equal(again.draws, padded.draws)

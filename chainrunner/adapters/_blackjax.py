@@ -96,6 +96,13 @@ def from_blackjax(
       (``algorithm=blackjax.ghmc``). Options: ``num_folds=None`` (the largest of
       4, 3, 2, 1 dividing the chains with four per fold, else 1), ``step_size_multiplier=0.5``,
       ``damping_slowdown=1.0``, ``divergence_threshold=1000``.
+    - ``"chees"`` and ``"meads"`` also take ``layout=``: ``"sharded"`` (the default)
+      spreads each warmup step's kernel calls over the devices under ``shard_map``
+      (the ensemble and the adaptation replicated on every device): bitwise the same
+      results on any device count and padding for the same ``batch_size``, faster with
+      more devices. ``"replicated"`` runs blackjax's own warmup under plain ``jit``,
+      every device advancing all chains: bitwise the same on any device count and
+      batch size, no faster with more devices.
 
     Factories that take no inverse mass matrix (``blackjax.mala``, ``blackjax.rmh``, ...)
     cannot be window-adapted: ``adaptation="window"`` raises a ``TypeError`` for them at
@@ -171,14 +178,14 @@ _DEFAULTS = {
         "target_acceptance_rate": 0.651,
         "decay_rate": 0.5,
         "max_leapfrog_steps": 1000,
-        "layout": "replicated",
+        "layout": "sharded",
     },
     "meads": {
         "num_folds": None,
         "step_size_multiplier": 0.5,
         "damping_slowdown": 1.0,
         "divergence_threshold": 1000,
-        "layout": "replicated",
+        "layout": "sharded",
     },
 }
 
@@ -264,7 +271,7 @@ def from_blackjax_adaptive(
                 f"blackjax.{_FACTORY[adaptation]}; pass algorithm=blackjax."
                 f"{_FACTORY[adaptation]}, got {algorithm!r}."
             )
-        if options.get("layout", "replicated") not in ("replicated", "sharded"):
+        if options.get("layout", "sharded") not in ("replicated", "sharded"):
             raise ValueError(
                 f"{where}: layout must be 'replicated' or 'sharded', got {options['layout']!r}."
             )

@@ -38,6 +38,7 @@ from numpyro.infer.mcmc import MCMCKernel
 from .._kernel import Adapter, Kernel
 from .._lru import LRU
 from .._naming import numpyro_stats
+from ._numpyro_ensemble import build as ensemble_functions
 
 __all__ = ["NumpyroKernel", "from_numpyro"]
 
@@ -295,6 +296,19 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
     return init, step, extract, _logdensity
 
 
+def _is_ensemble(kernel: Any) -> bool:
+    return bool(getattr(kernel, "is_ensemble_kernel", False))
+
+
+def _build_ensemble(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: int):
+    """``(init, step, extract, logdensity, Ensemble)`` for an AIES/ESS kernel."""
+
+    def unpack(params):
+        return _merge(list(params), treedef, mask, statics)
+
+    return ensemble_functions(_private_copy(kernel), unpack, num_warmup)
+
+
 def _same(a: Any, b: Any) -> bool:
     return a is b
 
@@ -387,9 +401,10 @@ class NumpyroKernel(Adapter):
         """
         treedef, mask, statics = self._structure
         key = (id(self.kernel), treedef, mask, _static_key(statics), int(num_warmup))
-        init, step, extract, logdensity = _FUNCTIONS.get(
+        build = _build_ensemble if _is_ensemble(self.kernel) else _build
+        init, step, extract, logdensity, *ensemble = _FUNCTIONS.get(
             key,
-            lambda: _build(self.kernel, treedef, mask, statics, int(num_warmup)),
+            lambda: build(self.kernel, treedef, mask, statics, int(num_warmup)),
             owner=self.kernel,
         )
         return Kernel(
@@ -399,6 +414,7 @@ class NumpyroKernel(Adapter):
             logdensity=logdensity,
             params=self._params,
             needs_position=getattr(self.kernel, "model", None) is None,
+            ensemble=ensemble[0] if ensemble else None,
         )
 
     def dims(self) -> dict[str, list[str]]:
@@ -519,9 +535,11 @@ def from_numpyro(
     pass sizes as Python ints.
 
     Args:
-        kernel: a numpyro ``MCMCKernel`` (``NUTS``, ``HMC``, ``BarkerMH``, ``SA``, ...),
-            a model function (wrapped in ``NUTS``), or an existing ``NumpyroKernel``
-            (rebound to the new arguments, if any are given).
+        kernel: a numpyro ``MCMCKernel`` (``NUTS``, ``HMC``, ``BarkerMH``, ``SA``, ...;
+            the ensemble kernels ``AIES`` and ``ESS`` run their walkers as chains, over
+            the mesh: see ``docs/ensembles.md``), a model function (wrapped in
+            ``NUTS``), or an existing ``NumpyroKernel`` (rebound to the new arguments,
+            if any are given).
         model_args: positional arguments of the model.
         model_kwargs: keyword arguments of the model.
         data: how the array leaves of the model arguments enter the compiled program:
@@ -538,8 +556,8 @@ def from_numpyro(
         A ``NumpyroKernel``: pass it to ``cr.run`` / ``cr.sample``.
 
     Raises:
-        TypeError: for anything else than the above, an ensemble kernel (AIES, ESS:
-            they move all chains together), or malformed ``model_args``/``model_kwargs``.
+        TypeError: for anything else than the above, or malformed
+            ``model_args``/``model_kwargs``.
 
     Examples:
         >>> import jax, numpyro, numpyro.distributions as dist
@@ -587,11 +605,6 @@ def from_numpyro(
         raise TypeError(
             f"{where}: kernel must be a numpyro MCMCKernel (e.g. numpyro.infer.NUTS(model)) or "
             f"a model function, got {type(kernel).__name__}."
-        )
-    if getattr(kernel, "is_ensemble_kernel", False):
-        raise TypeError(
-            f"{where}: {type(kernel).__name__} is an ensemble kernel (its chains move together); "
-            "chainrunner runs independent chains. Use NUTS, HMC, BarkerMH or SA."
         )
     return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood, data)
 
