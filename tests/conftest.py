@@ -34,7 +34,7 @@ collect_ignore = ["multihost_worker.py"]
 # arviz 1.x) and must stay under 30 minutes on 2 cores. Tests whose subject does not
 # involve ArviZ's or PyMC's API run under one of the two only (patterns of node ids,
 # fnmatch); everything about ArviZ, PyMC, diagnostics, checkpoints, the bitwise fixtures,
-# the core run and the warmups runs under both. The skip says where a test runs.
+# and the core run runs under both. The skip says where a test runs.
 ONLY_ON = {
     (3, 12): [
         "test_cross_chain_sharded.py::*",
@@ -47,6 +47,8 @@ ONLY_ON = {
         "test_chain_map.py::*",
         "test_numpyro_data.py::*",
         "test_posteriordb.py::*-until]",
+        "test_warmup.py::*",
+        "test_long_runs.py::test_sigkill_then_resume_equals_uninterrupted",
         "test_run.py::test_same_batch_width_is_bitwise_across_device_counts",
         "test_numpyro.py::test_draws_do_not_depend_on_the_device_count",
         "test_docs.py::*[[]numpyro.md]",
