@@ -64,7 +64,7 @@ def _unshuffle(new: Any) -> Any:
     return new._replace(z=jax.tree.map(lambda x: x[inverse], new.z))
 
 
-def _stats(nk: Any, old: Any, new: Any) -> dict[str, jax.Array]:
+def _stats(old: Any, new: Any) -> dict[str, jax.Array]:
     """Per-walker stats: AIES's acceptance (did the walker move), ESS's scale ``mu``."""
     n = _walkers(new)
     out = {}
@@ -121,7 +121,7 @@ def build(nk: Any, unpack: Callable, num_warmup: int) -> tuple:
         new = nk.sample(state, *unpack(params))
         if nk._randomize_split:
             new = _unshuffle(new)
-        return new, _stats(nk, state, new)
+        return new, _stats(state, new)
 
     def extract(row, info, params):
         draw = nk.postprocess_fn(*unpack(params))(row.z) if model is not None else row.z
