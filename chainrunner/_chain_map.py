@@ -30,8 +30,8 @@ def chain_map(
         mesh: a mesh with a ``'chain'`` axis; ``None`` means ``chain_mesh()`` over
             all devices, built at the first call.
         batch_size: chains computed together within one device, ``None`` for all, or
-            ``"auto"``: 1 on CPU devices, ``None`` on accelerators (the rule of
-            ``run``, see ``auto_batch_size``).
+            ``"auto"``: 1 on CPU devices, ``None`` on accelerators (a fixed rule;
+            ``run`` measures its choice, see ``docs/batch-size.md``).
 
     Returns:
         A function of the same arguments, each leaf with a leading chain axis. Its

@@ -65,6 +65,14 @@ def compile_loop(
     )
 
 
+def time_draws(loop: Any, state: Any, placed: Any, sched: Schedule, count: int) -> float:
+    """Seconds ``loop`` takes for the run's first ``count`` draws from ``state`` (thrown away)."""
+    start, valid = _mesh.replicate((np.int32(sched.first_step), np.int32(count)), placed.mesh)
+    t0 = time.perf_counter()
+    jax.block_until_ready(loop(state, placed.chains, placed.key, start, valid, placed.params))
+    return time.perf_counter() - t0
+
+
 def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> Any:
     """An ``on_traced`` hook for the init program that compiles the loop on a second thread.
 

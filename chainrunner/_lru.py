@@ -44,6 +44,11 @@ class LRU:
     def __len__(self) -> int:
         return len(self._items)
 
+    def clear(self) -> None:
+        """Drops every entry."""
+        with self._lock:
+            self._items.clear()
+
     def lookup(self, key: Hashable, owner: Any = None) -> tuple[bool, Any]:
         """``(True, value)`` if cached (and marked recent), else ``(False, None)``."""
         with self._lock:

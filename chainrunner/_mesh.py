@@ -151,18 +151,13 @@ class Layout:
 
 
 def auto_batch_size(batch_size: int | str | None, mesh: Mesh) -> tuple[int | None, str]:
-    """Resolves ``batch_size="auto"`` for a mesh; returns the batch size and why.
+    """Resolves ``batch_size="auto"`` by a fixed rule; returns the batch size and why.
 
-    The rule, measured on the benchmark suite (``docs/batch-size.md``):
+    ``cr.chain_map``'s rule (``run`` measures instead, see ``_choose``):
 
-    - **CPU devices: 1.** Each device advances its chains one after another, without
-      ``vmap``. A ``vmap`` makes NUTS's tree-building while loops run until the slowest
-      chain of the batch finishes and turns their branches into selects over the whole
-      state: that program compiles about twice as long (2-3 s more for a small model),
-      and compiling is most of a CPU run's wait. End to end, 1 was faster on every row
-      of the suite; sampling alone, a ``vmap`` was faster where a gradient is a large
-      matrix-vector product (it becomes matrix-matrix), and 1 where trajectory lengths
-      vary.
+    - **CPU devices: 1.** Each device computes its chains one after another, without
+      ``vmap``: a ``vmap`` turns a function's loops into loops until the slowest chain
+      of the batch is done, and compiles about twice as long (``docs/batch-size.md``).
     - **Accelerators (GPU, TPU): None.** One ``vmap`` over a device's chains: the width
       is what keeps an accelerator busy.
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start
+from . import _checkpoint, _checks, _choose, _distributed, _forget, _loop, _mesh, _start
 from ._convergence import tail_probs
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
 from ._host import Collector, progress_bar
@@ -203,6 +203,8 @@ def run(
         check_keep_names(warm.kernel, plan.keep, None, warm.state)
     placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
+    placed, loop, init, warm = _settle(plan, adapter, start, placed, sched, init, warm, loop,
+                                       compile_time)  # fmt: skip
     warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
     sampled = _sample(plan, start, placed, sched, warm, loop)
     trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled,
@@ -296,6 +298,38 @@ def _compile(
     if ahead is not None:
         ahead.job.result()  # raises here whatever the helper thread raised
     return loop, dt
+
+
+def _settle(
+    plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
+    sched: _loop.Schedule, init: Initialised, warm: Warm, loop: Any, compile_time: float,
+) -> tuple[_start.Placement, Any, Initialised, Warm]:  # fmt: skip
+    """``batch_size="auto"``, measured (``_choose.settle``) where ``place`` left it open.
+
+    The wide candidate is a run of its own up to its first draw: placed, initialised
+    and compiled with its batch size, so that a run that chooses it has its draws,
+    bitwise. The seconds spent go to ``attrs["batch_size_probe_time"]``.
+    """
+    if not placed.probe:
+        return placed, loop, init, warm
+    t0 = time.perf_counter()
+    one = _choose.Candidate(placed, loop, init, warm)
+    timer = lambda c, count: _loop.time_draws(c.loop, c.warm.state, c.placed, sched, count)  # noqa: E731
+
+    def wide(batch_size: int | None) -> _choose.Candidate:
+        p = _start.place(plan, start, _choose.Choice(batch_size, ""), placed.mesh)
+        with warnings.catch_warnings():  # the first initialisation warned already
+            warnings.simplefilter("ignore", ChainrunnerWarning)
+            i, ahead = _initialise(plan, adapter, start, p, sched)
+        w = Warm(start.kernel, i.state)
+        return _choose.Candidate(p, _compile(plan, p, sched, w, ahead)[0], i, w)
+
+    probe = _choose.Probe(one, wide, timer, compile_time + init.compile_time,
+                          sched.total_draws, sched.chunk_len)  # fmt: skip
+    choice, best = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
+    attrs = {**(best.warm.attrs or {}), "batch_size_probe_time": time.perf_counter() - t0}
+    placed = best.placed._replace(batch_choice=choice.reason, probe=False)
+    return placed, best.loop, best.init, best.warm._replace(attrs=attrs)
 
 
 def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,

@@ -8,12 +8,13 @@ the run's key and the kernel's parameters on the mesh.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 from jax.sharding import Mesh
 
-from . import _distributed, _ensemble, _mesh
+from . import _choose, _distributed, _ensemble, _mesh
 from ._checks import Plan, leading_size
 from ._kernel import Adapter, Kernel
 from ._trace import Trace
@@ -98,12 +99,13 @@ class Placement(NamedTuple):
     Attributes:
         mesh: the mesh (one axis ``'chain'``).
         layout: chains per device, padding and ``batch_size``.
-        batch_choice: why this ``batch_size`` (``"given"`` or the ``"auto"`` rule).
+        batch_choice: why this ``batch_size`` (``"given"`` or what ``"auto"`` found).
         chains: chain indices ``0..n-1``, padded, sharded ``P('chain')``.
         init_chains: the chain whose init key (and initial position) each chain starts
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
+        probe: ``batch_size="auto"`` is still to be measured (``_choose.settle``).
     """
 
     mesh: Mesh
@@ -113,6 +115,20 @@ class Placement(NamedTuple):
     init_chains: jax.Array
     key: jax.Array
     params: Any
+    probe: bool = False
+
+
+@functools.lru_cache(maxsize=16)
+def _placed_ids(n: int, padded: int, mesh: Mesh, superchains: int | None) -> jax.Array:
+    """Chain indices on the mesh (a run's, or each chain's superchain leader's).
+
+    Cached: the same layout's indices are the same immutable array, placed once (a
+    host-to-device copy less in every call of a run that is repeated).
+    """
+    ids = _mesh.chain_ids(n, padded)
+    if superchains is not None:
+        ids = (ids - ids % (n // superchains)).astype(ids.dtype)
+    return _mesh.place(ids, mesh)
 
 
 def replicate_params(kernel: Kernel, mesh: Mesh) -> Any:
@@ -120,29 +136,31 @@ def replicate_params(kernel: Kernel, mesh: Mesh) -> Any:
     return None if kernel.params is None else _mesh.replicate(kernel.params, mesh)
 
 
-def place(plan: Plan, start: Start) -> Placement:
-    """Builds the mesh and layout, and places chain indices, key and parameters on it."""
-    n, mesh = start.num_chains, plan.mesh
+def place(plan: Plan, start: Start, choice: _choose.Choice | None = None,
+          mesh: Mesh | None = None) -> Placement:  # fmt: skip
+    """Builds the mesh and layout, and places chain indices, key and parameters on it.
+
+    ``choice`` and ``mesh`` (both or neither) place the chains again, with another
+    batch size (``batch_size="auto"`` trying a candidate).
+    """
+    n = start.num_chains
     if mesh is None:
-        # Several processes: every process must hold part of the mesh, so use all devices.
-        multi = _distributed.is_multiprocess()
-        mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
-    _distributed.check_mesh_spans_processes(mesh, "run")
-    if start.kernel.ensemble is not None and plan.batch_size == "auto":
-        batch_size, choice = _ensemble.auto_width(n)
-    else:
-        batch_size, choice = _mesh.auto_batch_size(plan.batch_size, mesh)
-    layout = _mesh.make_layout(n, mesh, batch_size)
-    ids = _mesh.chain_ids(n, layout.padded)
-    chains = _mesh.place(ids, mesh)
-    if plan.superchains is not None:
-        leaders = (ids - ids % (n // plan.superchains)).astype(ids.dtype)
+        mesh = plan.mesh
+        if mesh is None:
+            # Several processes: every process must hold part of the mesh: all devices.
+            multi = _distributed.is_multiprocess()
+            mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
+        _distributed.check_mesh_spans_processes(mesh, "run")
+    choice = choice or _choose.choose(plan, start, mesh)
+    layout = _mesh.make_layout(n, mesh, choice.batch_size)
+    chains = _placed_ids(n, layout.padded, mesh, None)
     return Placement(
         mesh=mesh,
         layout=layout,
-        batch_choice=choice,
+        batch_choice=choice.reason,
         chains=chains,
-        init_chains=chains if plan.superchains is None else _mesh.place(leaders, mesh),
+        init_chains=_placed_ids(n, layout.padded, mesh, plan.superchains),
         key=_mesh.replicate(plan.rng_key, mesh),
         params=replicate_params(start.kernel, mesh),
+        probe=choice.probe,
     )

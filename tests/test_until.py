@@ -261,8 +261,10 @@ def test_a_converged_run_computes_no_chunk_after_its_stop():
 
     kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
     target = cr.Converged(ess_bulk=50, ess_tail=50, min_draws=20)
+    # batch_size given: no auto probe, whose draws would run the step too
     trace = cr.run(kernel, jax.random.key(3), jnp.zeros((4, 2)), 10_000, until=target,
-                   mesh=cr.chain_mesh(1), chunk_size=10, progress=False, warn=False)  # fmt: skip
+                   mesh=cr.chain_mesh(1), chunk_size=10, batch_size=1, progress=False,
+                   warn=False)  # fmt: skip
     jax.effects_barrier()
     assert trace.attrs["stopped"] == "converged" and trace.num_draws < 1000
     assert len(steps) == 4 * trace.num_draws  # 4 chains, not one chunk more

@@ -1,0 +1,174 @@
+"""``batch_size="auto"``: the batch size a run samples with, chosen per run.
+
+A device advances its chains one after another (``batch_size=1``) or together in one
+``vmap`` (``None``). Which is faster depends on the model's step, the chains per
+device, the device and the JAX version (``docs/batch-size.md``), so on CPU devices
+``"auto"`` measures it:
+
+1. ``choose`` (the ``place`` stage): a cached choice for the same program and run length
+   is used as it is; otherwise the run starts with ``1``, the program that compiles
+   fastest, and is marked for a probe.
+2. ``settle`` (after the chunk program is compiled): a few draws of the run's first chunk,
+   timed, give the sampling time with ``1``. If that is short next to the compile a
+   ``vmap`` would add, ``1`` stays (the compile dominates; its end to end time wins).
+   Otherwise the ``vmap`` program is compiled too, both run the same probe draws from
+   the same state (thrown away), and the faster one samples the run.
+
+The choice and its reason go to ``attrs["batch_size_choice"]``, and to a cache keyed on
+the program and the run's length: the next identical call samples at once, with the
+same draws. Draws of a run equal those of a run with its chosen ``batch_size`` given,
+bitwise. Accelerators take one ``vmap`` (their width is what keeps them busy); an
+ensemble takes its own width (``_ensemble.auto_width``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from . import _distributed, _ensemble, _mesh
+from ._lru import LRU
+
+# A vmapped NUTS program compiles in about 1.75x the time of the one-chain program
+# (docs/batch-size.md, both JAX versions); compile times under a second are noise.
+VMAP_COMPILE_RATIO = 1.75
+MIN_COMPILE_S = 1.0
+# Probe the vmap only if sampling with 1 would take this many times its compile.
+WORTH = 5.0
+PROBE_SHARE = 0.03  # of the run's draws, per candidate
+FIRST_PROBE = 2  # draws timed first, to estimate the sampling time with 1
+WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried too
+_CHOICES = LRU(64)
+
+
+class Choice(NamedTuple):
+    """A run's batch size, why, and whether ``settle`` still has to probe it."""
+
+    batch_size: int | None
+    reason: str
+    probe: bool = False
+
+
+def forget() -> None:
+    """Forgets every cached choice (the next run of each program probes again)."""
+    _CHOICES.clear()
+
+
+def cache_key(plan: Any, start: Any, mesh: Mesh) -> tuple:
+    """What a cached choice is for: the program, the mesh, the chains, the run's length."""
+    shapes = jax.tree.map(np.shape, start.position if start.state is None else start.state)
+    return (
+        start.kernel.functions, mesh, start.num_chains, plan.num_warmup, plan.num_samples,
+        plan.thinning, plan.chunk_size, plan.keep, jax.tree.structure(shapes),
+        tuple(jax.tree.leaves(shapes)),
+    )  # fmt: skip
+
+
+def _why_no_probe(plan: Any, start: Any) -> str | None:
+    if start.cross_chain:
+        return "after a cross-chain warmup"
+    if plan.checkpoint is not None:
+        return "a checkpointed run: a resumed run must find the same layout"
+    if _distributed.is_multiprocess():
+        return "several processes must agree without timing"
+    return None
+
+
+def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
+    """The batch size a run starts with (the ``place`` stage)."""
+    n = start.num_chains
+    if plan.batch_size != "auto":
+        return Choice(plan.batch_size, "given")
+    if start.kernel.ensemble is not None:
+        return Choice(*_ensemble.auto_width(n))
+    if mesh.devices.flat[0].platform != "cpu":  # accelerators: one vmap
+        return Choice(*_mesh.auto_batch_size("auto", mesh))
+    if math.ceil(n / mesh.shape[_mesh.AXIS]) == 1:
+        return Choice(1, "auto: one chain per device")
+    why_not = _why_no_probe(plan, start)
+    if why_not is not None:
+        return Choice(1, f"auto: 1, chains one after another on CPU ({why_not})")
+    found, cached = _CHOICES.lookup(cache_key(plan, start, mesh))
+    if found:
+        return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
+    return Choice(1, "auto: 1 (to be probed)", probe=True)
+
+
+class Candidate(NamedTuple):
+    """A batch size's run up to its first draw: placement, loop program, initial state."""
+
+    placed: Any
+    loop: Any
+    init: Any
+    warm: Any
+
+
+class Probe(NamedTuple):
+    """What ``settle`` needs of the run.
+
+    Attributes:
+        one: the run with ``batch_size=1``, compiled and initialised.
+        build: ``batch_size -> Candidate``: the run with another batch size.
+        time: ``(candidate, count) -> seconds`` for the run's first ``count`` draws
+            (from the candidate's initial state; thrown away).
+        compile_time: seconds until ``one`` was compiled.
+        total_draws: draws of the run's loop.
+        chunk_len: draws per call of the chunk program (a probe's most).
+    """
+
+    one: Candidate
+    build: Callable[[int | None], Candidate]
+    time: Callable[[Candidate, int], float]
+    compile_time: float
+    total_draws: int
+    chunk_len: int
+
+
+def _widths(per_device: int) -> tuple[int | None, ...]:
+    """The batch sizes tried against ``1``, in order: one vmap over all of a device's
+    chains, then (with more than ``WIDEST``) vmaps of ``WIDEST``, whose trajectories
+    wait for fewer others."""
+    return (None,) if per_device <= WIDEST else (None, WIDEST)
+
+
+def _named(width: int | None) -> str:
+    return "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
+
+
+def settle(key: tuple, probe: Probe) -> tuple[Choice, Candidate]:
+    """Probes ``1`` against vmaps; returns the choice and the run it chose.
+
+    A second width is tried only if the first did not beat ``1`` and the run is long
+    enough to pay for a second compile too.
+    """
+    first = min(FIRST_PROBE, probe.total_draws, probe.chunk_len)
+    probe.time(probe.one, 0)  # a program's first call sets up buffers and threads
+    estimate = probe.time(probe.one, first) / first * probe.total_draws
+    extra = VMAP_COMPILE_RATIO * max(probe.compile_time, MIN_COMPILE_S)
+    if estimate < WORTH * extra:
+        reason = (
+            f"auto: 1, chains one after another (sampling with 1: about {estimate:.2g} s, "
+            f"under {WORTH:g}x the {extra:.2g} s a vmapped program would add to compile)"
+        )
+        _CHOICES.put(key, (1, reason))
+        return Choice(1, reason), probe.one
+    count = min(probe.chunk_len, probe.total_draws,
+                max(first, round(PROBE_SHARE * probe.total_draws)))  # fmt: skip
+    times = {1: (probe.time(probe.one, count), probe.one)}
+    for k, width in enumerate(_widths(probe.one.placed.layout.per_device)):
+        if k and (min(times, key=lambda b: times[b][0]) != 1 or estimate < 2 * WORTH * extra):
+            break
+        wide = probe.build(width)
+        probe.time(wide, 0)
+        times[width] = (probe.time(wide, count), wide)
+    best = min(times, key=lambda b: times[b][0])
+    others = ", ".join(f"{times[b][0]:.3g} s with batch_size={b}" for b in times if b != best)
+    reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
+             f"({count} probe draws: {times[best][0]:.3g} s, against {others})"  # fmt: skip
+    _CHOICES.put(key, (best, reason))
+    return Choice(best, reason), times[best][1]

@@ -1,0 +1,180 @@
+"""``batch_size="auto"``: chosen per run by a probe, cached, and bitwise a fixed choice."""
+
+import types
+import typing
+
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chainrunner as cr
+from chainrunner import _choose, _loop
+
+
+def logdensity(x):
+    return -0.5 * jnp.sum(x**2)
+
+
+NUTS = blackjax.nuts(logdensity, 0.9, jnp.ones(3))
+X0 = jnp.asarray(np.random.default_rng(0).normal(size=(10, 3)), jnp.float32)
+
+
+def run(batch_size="auto", **kw):
+    return cr.run(NUTS, jax.random.key(3), X0, 40, mesh=cr.chain_mesh(4), batch_size=batch_size,
+                  progress=False, warn=False, **kw)  # fmt: skip
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Makes ``auto`` probe every run and see the vmapped program as ``faster`` (or not).
+
+    Times are faked: the first program timed (``batch_size=1``) takes 1 s; any other
+    0.5 s if ``probes.vmap_wins``, else 2 s. Compiles of the vmapped program are counted.
+    """
+    _choose.forget()
+    monkeypatch.setattr(_choose, "WORTH", 0.0)
+    seen, real_compile = [], _loop.compile_loop
+    ns = types.SimpleNamespace(vmap_wins=True, vmap_compiles=0)
+
+    def fake_time(program, state, placed, sched, count):
+        _loop_time(program, state, placed, sched, count)  # really runs it
+        if not seen or program is seen[0]:
+            seen.append(program)
+            return 1.0
+        return 0.5 if ns.vmap_wins else 2.0
+
+    def counting_compile(kernel, plan, placed, *args, **kw):
+        if placed.layout.batch_size is None:
+            ns.vmap_compiles += 1
+        return real_compile(kernel, plan, placed, *args, **kw)
+
+    _loop_time = _loop.time_draws
+    monkeypatch.setattr(_loop, "time_draws", fake_time)
+    monkeypatch.setattr(_loop, "compile_loop", counting_compile)
+    yield ns
+    _choose.forget()
+
+
+def test_a_probed_vmap_gives_the_draws_of_batch_size_none_and_is_cached(probes):
+    auto = run()
+    a = auto.attrs
+    assert a["batch_size"] == "all" and "one vmap" in a["batch_size_choice"], a
+    assert a["batch_size_probe_time"] > 0 and probes.vmap_compiles >= 1
+    wide = run(batch_size=None)
+    np.testing.assert_array_equal(auto.draws, wide.draws)  # re-initialised with the vmap
+    for k in auto.stats:
+        np.testing.assert_array_equal(auto.stats[k], wide.stats[k])
+    again = run()  # the same call: the cached choice, no probe, the same draws
+    assert "earlier run" in again.attrs["batch_size_choice"]
+    assert "batch_size_probe_time" not in again.attrs
+    np.testing.assert_array_equal(auto.draws, again.draws)
+    longer = cr.run(NUTS, jax.random.key(3), X0, 44, mesh=cr.chain_mesh(4), progress=False,
+                    warn=False)  # fmt: skip
+    assert "batch_size_probe_time" in longer.attrs  # another run length: probed again
+
+
+def test_a_probed_loop_that_wins_keeps_batch_size_one(probes):
+    probes.vmap_wins = False
+    auto = run()
+    assert auto.attrs["batch_size"] == 1 and "against" in auto.attrs["batch_size_choice"]
+    np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
+
+
+def test_a_short_run_keeps_batch_size_one_without_compiling_a_vmap(monkeypatch):
+    """The compile dominates: sampling with 1 is cheaper than a vmap's extra compile."""
+    _choose.forget()
+    calls = []
+    real = _loop.compile_loop
+    monkeypatch.setattr(_loop, "compile_loop", lambda k, plan, placed, *a, **kw: (
+        calls.append(placed.layout.batch_size), real(k, plan, placed, *a, **kw))[1])  # fmt: skip
+    auto = run()
+    assert auto.attrs["batch_size"] == 1 and None not in calls
+    assert "add to compile" in auto.attrs["batch_size_choice"]
+    np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
+    # batch_size=1 draws do not depend on the device count
+    eight = cr.run(NUTS, jax.random.key(3), X0, 40, mesh=cr.chain_mesh(8), batch_size=1,
+                   progress=False, warn=False)  # fmt: skip
+    np.testing.assert_array_equal(auto.draws, eight.draws)
+    _choose.forget()
+
+
+def test_no_probe_where_a_timing_could_not_be_repeated(probes, tmp_path):
+    """Checkpoints (a resume must find the layout) and one chain per device: no probe."""
+    ckpt = run(checkpoint=str(tmp_path / "c"))
+    assert ckpt.attrs["batch_size"] == 1 and "checkpoint" in ckpt.attrs["batch_size_choice"]
+    one_each = cr.run(NUTS, jax.random.key(3), X0[:4], 40, mesh=cr.chain_mesh(4),
+                      progress=False, warn=False)  # fmt: skip
+    assert one_each.attrs["batch_size_choice"] == "auto: one chain per device"
+    given = run(batch_size=2)
+    assert given.attrs["batch_size_choice"] == "given"
+    for trace in (ckpt, one_each, given):
+        assert "batch_size_probe_time" not in trace.attrs
+
+
+def test_settle_decides_from_the_probe_times():
+    """The decision alone, on made-up times (seconds per draw for each batch size)."""
+    _choose.forget()
+
+    def layout(per_device):
+        return types.SimpleNamespace(layout=types.SimpleNamespace(per_device=per_device))
+
+    def probe(per_draw, per_device=4, compile_time=2.0, total=1000):
+        built = []
+
+        def build(width):
+            built.append(width)
+            return _choose.Candidate(layout(per_device), width, None, None)
+
+        def time(candidate, count):
+            return count * per_draw[candidate.loop]
+
+        one = _choose.Candidate(layout(per_device), 1, None, None)
+        return _choose.Probe(one, build, time, compile_time, total, 100), built
+
+    # 1000 draws x 1 ms = 1 s of sampling, under 5 x 1.75 x 2 s of compile: stays 1
+    p, built = probe({1: 1e-3, None: 1e-4})
+    choice, best = _choose.settle(("a",), p)
+    assert (choice.batch_size, best.loop, built) == (1, 1, [])
+    assert "add to compile" in choice.reason
+    p, built = probe({1: 0.1, None: 0.05})  # 100 s: probed, the vmap is faster
+    choice, best = _choose.settle(("b",), p)
+    assert (choice.batch_size, best.loop, built) == (None, None, [None])
+    assert choice.reason == (
+        "auto: all, one vmap (30 probe draws: 1.5 s, against 3 s with batch_size=1)"
+    )
+    assert _choose._CHOICES.lookup(("b",)) == (True, (None, choice.reason))
+    p, built = probe({1: 0.1, None: 0.2})  # probed, 1 faster
+    choice, best = _choose.settle(("c",), p)
+    assert (choice.batch_size, best.loop, built) == (1, 1, [None])
+    assert "against 6 s with batch_size=None" in choice.reason
+    # many chains per device: all in one vmap loses to 1, vmaps of 8 win
+    p, built = probe({1: 0.1, None: 0.2, 8: 0.05}, per_device=100)
+    choice, best = _choose.settle(("d",), p)
+    assert (choice.batch_size, best.loop, built) == (8, 8, [None, 8])
+    p, built = probe({1: 0.1, None: 0.05, 8: 0.01}, per_device=100)  # all wins: no 2nd
+    assert _choose.settle(("e",), p)[0].batch_size is None and built == [None]
+    _choose.forget()
+
+
+def test_accelerators_take_one_vmap_and_ensembles_their_width():
+    class Device:
+        platform = "gpu"
+
+    class Mesh:
+        devices = np.array([Device()])
+        shape: typing.ClassVar = {"chain": 1}
+
+    class Plan:
+        batch_size = "auto"
+
+    class Kernel:
+        ensemble = None
+
+    class Start:
+        num_chains, kernel = 64, Kernel()
+
+    assert _choose.choose(Plan(), Start(), Mesh()).batch_size is None
+    Plan.batch_size = 3
+    assert _choose.choose(Plan(), Start(), Mesh()) == (3, "given", False)
