@@ -184,11 +184,22 @@ def worker(opts):
                   f" {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
 
 
+def both_reachable(r):
+    """Whether some fixed ``batch_size`` meets both targets on the row: where none does,
+    the fastest warm choice loses more than 10 % end to end (its compile), and the
+    default, which follows the end to end time there, cannot meet the warm target."""
+    w, e = r["warm_s"], r["e2e_s"]
+    bw, be = w[r["best_warm"]], e[r["best_e2e"]]
+    return any(
+        w[m] <= TARGET_WARM * bw and e[m] <= TARGET_E2E * be for m in w if m.startswith("b=")
+    )
+
+
 def table(rows):
     lines = [
         "| jax | model | chains | dev | auto chose | warm/best | e2e/best | warm/floor "
-        "| b=1 warm/floor | best warm | best e2e |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|",
+        "| b=1 warm/floor | best warm | best e2e | one choice meets both |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
         flag = lambda x, t: f"{x:.2f}" + ("" if x <= t else " ✗")  # noqa: E731
@@ -196,7 +207,7 @@ def table(rows):
             f"| {r['jax']} | {r['model']} | {r['chains']} | {r['devices']} | {r['chosen']} "
             f"| {flag(r['warm_vs_best'], TARGET_WARM)} | {flag(r['e2e_vs_best'], TARGET_E2E)} "
             f"| {flag(r['warm_vs_floor'], TARGET_FLOOR)} | {r['b1_warm_vs_floor']:.2f} "
-            f"| {r['best_warm']} | {r['best_e2e']} |"
+            f"| {r['best_warm']} | {r['best_e2e']} | {'yes' if both_reachable(r) else 'no'} |"
         )
     return "\n".join(lines)
 
@@ -204,9 +215,13 @@ def table(rows):
 def summary(rows):
     """How many rows meet each target."""
     n = len(rows)
-    ok = lambda key, t: sum(r[key] <= t for r in rows)  # noqa: E731
+    ok = lambda key, t, rs=rows: sum(r[key] <= t for r in rs)  # noqa: E731
+    both = [r for r in rows if both_reachable(r)]
+    met = sum(r["warm_vs_best"] <= TARGET_WARM and r["e2e_vs_best"] <= TARGET_E2E for r in both)
     return (
-        f"{n} rows: default within {TARGET_WARM} of the best fixed `batch_size` warm on "
+        f"{len(both)} of the {n} rows have a fixed `batch_size` that meets both targets; "
+        f"the default meets both on {met} of them. "
+        f"All {n} rows: default within {TARGET_WARM} of the best fixed `batch_size` warm on "
         f"{ok('warm_vs_best', TARGET_WARM)}, within {TARGET_E2E} end to end on "
         f"{ok('e2e_vs_best', TARGET_E2E)}, within {TARGET_FLOOR} of the better floor on "
         f"{ok('warm_vs_floor', TARGET_FLOOR)}; `batch_size=1` (the old default) within "

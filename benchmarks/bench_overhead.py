@@ -9,8 +9,9 @@ with as many repetitions as a time budget per row allows:
 - ``cr.run(..., batch_size=None, warn=False)`` against ``floor``, the hand-written
   ``jit(shard_map(vmap(scan)))``;
 - ``cr.run(..., batch_size=1, warn=False)`` against ``floor[map]``, the hand-written
-  ``jit(shard_map(lax.map(scan)))``. On CPU ``batch_size="auto"`` is ``1``: the same
-  program, so this pair is also the default's overhead.
+  ``jit(shard_map(lax.map(scan)))``. On CPU ``batch_size="auto"`` keeps ``1`` where the
+  compile dominates (these rows): the same program, so this pair is also the default's
+  overhead there.
 
 Both sides run numpyro's NUTS with its default adaptation and give the draws to the
 host as numpy arrays (chainrunner: the constrained draws and sample statistics after
@@ -134,7 +135,7 @@ def table(rows):
     key = lambda r: (r["devices"], MODELS.index(r["model"]), r["chains"])  # noqa: E731
     lines = [
         "| model | chains | devices | warm reps | `batch_size=None` / `floor` (90 % interval) "
-        '| `batch_size=1` (= `"auto"` on CPU) / `floor[map]` (90 % interval) |',
+        '| `batch_size=1` (`"auto"` where it keeps 1) / `floor[map]` (90 % interval) |',
         "|---|---|---|---|---|---|",
     ]
     by_row: dict = {}

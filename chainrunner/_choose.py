@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 from . import _distributed, _ensemble, _mesh
+from ._compile import signature
 from ._lru import LRU
 
 # A vmapped NUTS program compiles in about 1.75x the time of the one-chain program
@@ -60,12 +60,14 @@ def forget() -> None:
 
 
 def cache_key(plan: Any, start: Any, mesh: Mesh) -> tuple:
-    """What a cached choice is for: the program, the mesh, the chains, the run's length."""
-    shapes = jax.tree.map(np.shape, start.position if start.state is None else start.state)
+    """What a cached choice is for: the program and what it runs on (shapes and dtypes of
+    the start and of the kernel's parameters, e.g. a model's data), the mesh, the chains
+    and the run's length."""
+    start_from = start.position if start.state is None else start.state
     return (
-        start.kernel.functions, mesh, start.num_chains, plan.num_warmup, plan.num_samples,
-        plan.thinning, plan.chunk_size, plan.keep, jax.tree.structure(shapes),
-        tuple(jax.tree.leaves(shapes)),
+        start.kernel.functions, signature((start_from, start.kernel.params)), mesh,
+        start.num_chains, plan.num_warmup, plan.num_samples, plan.thinning, plan.chunk_size,
+        plan.keep, jax.config.jax_enable_x64,
     )  # fmt: skip
 
 
@@ -90,6 +92,9 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
         return Choice(*_mesh.auto_batch_size("auto", mesh))
     if math.ceil(n / mesh.shape[_mesh.AXIS]) == 1:
         return Choice(1, "auto: one chain per device")
+    if start.previous_batch_size is not None:  # continuing: one longer run's layout
+        b = None if start.previous_batch_size == "all" else int(start.previous_batch_size)
+        return Choice(b, f"auto: {start.previous_batch_size}, as the continued trace")
     why_not = _why_no_probe(plan, start)
     if why_not is not None:
         return Choice(1, f"auto: 1, chains one after another on CPU ({why_not})")
@@ -100,12 +105,14 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
 
 
 class Candidate(NamedTuple):
-    """A batch size's run up to its first draw: placement, loop program, initial state."""
+    """A batch size's run up to its first draw: placement, loop program (and the seconds
+    its compile took), initial state."""
 
     placed: Any
     loop: Any
     init: Any
     warm: Any
+    compile_time: float = 0.0
 
 
 class Probe(NamedTuple):
@@ -160,15 +167,21 @@ def settle(key: tuple, probe: Probe) -> tuple[Choice, Candidate]:
     count = min(probe.chunk_len, probe.total_draws,
                 max(first, round(PROBE_SHARE * probe.total_draws)))  # fmt: skip
     times = {1: (probe.time(probe.one, count), probe.one)}
+    failed = ""
     for k, width in enumerate(_widths(probe.one.placed.layout.per_device)):
         if k and (min(times, key=lambda b: times[b][0]) != 1 or estimate < 2 * WORTH * extra):
             break
-        wide = probe.build(width)
-        probe.time(wide, 0)
-        times[width] = (probe.time(wide, count), wide)
+        try:
+            wide = probe.build(width)
+            probe.time(wide, 0)
+            times[width] = (probe.time(wide, count), wide)
+        except Exception as e:  # a kernel that cannot be vmapped still runs with 1
+            failed = f"; batch_size={width} failed: {type(e).__name__}: {e}"[:300]
+            break
     best = min(times, key=lambda b: times[b][0])
     others = ", ".join(f"{times[b][0]:.3g} s with batch_size={b}" for b in times if b != best)
     reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
-             f"({count} probe draws: {times[best][0]:.3g} s, against {others})"  # fmt: skip
+             f"({count} probe draws: {times[best][0]:.3g} s" \
+             f"{', against ' + others if others else ''}{failed})"  # fmt: skip
     _CHOICES.put(key, (best, reason))
     return Choice(best, reason), times[best][1]

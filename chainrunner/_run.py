@@ -9,9 +9,11 @@
 5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
    then the adapter's cross-chain warmup, where it has one.
 6. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``).
-7. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
+7. ``settle``: ``batch_size="auto"`` measured on the run where ``place`` left it open
+   (``_choose``): a vmapped candidate placed, initialised, compiled and timed.
+8. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
    (``_loop.run_chunks``) into the host buffers (``_host.Collector``).
-8. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
+9. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
 """
 
 from __future__ import annotations
@@ -118,9 +120,11 @@ def run(
             ``min(num_chains, len(jax.devices()))`` devices.
         batch_size: chains advanced together on one device (``lax.map`` over batches
             of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
-            a device's chains in one ``vmap``; ``"auto"`` (the default): 1 on CPU
-            devices, ``None`` on GPU/TPU (see ``docs/batch-size.md``). The choice is
-            recorded in ``attrs["batch_size_choice"]``.
+            a device's chains in one ``vmap``; ``"auto"`` (the default): ``None`` on
+            GPU/TPU; on CPU ``1``, or a ``vmap`` where a timed probe of the run finds
+            it faster and the run long enough to pay its compile (``docs/batch-size.md``).
+            The choice and its reason are in ``attrs["batch_size_choice"]``; pin
+            ``batch_size`` for the same draws on machines whose choices differ.
         chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
             how often the progress bar moves and checkpoints are written.
         progress: a progress bar; ``None``: on in a terminal only.
@@ -203,8 +207,9 @@ def run(
         check_keep_names(warm.kernel, plan.keep, None, warm.state)
     placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
-    placed, loop, init, warm = _settle(plan, adapter, start, placed, sched, init, warm, loop,
-                                       compile_time)  # fmt: skip
+    placed, loop, init, warm, compile_time = _settle(
+        plan, adapter, start, placed, sched, init, warm, loop, compile_time
+    )
     warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
     sampled = _sample(plan, start, placed, sched, warm, loop)
     trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled,
@@ -303,7 +308,7 @@ def _compile(
 def _settle(
     plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
     sched: _loop.Schedule, init: Initialised, warm: Warm, loop: Any, compile_time: float,
-) -> tuple[_start.Placement, Any, Initialised, Warm]:  # fmt: skip
+) -> tuple[_start.Placement, Any, Initialised, Warm, float]:  # fmt: skip
     """``batch_size="auto"``, measured (``_choose.settle``) where ``place`` left it open.
 
     The wide candidate is a run of its own up to its first draw: placed, initialised
@@ -311,9 +316,9 @@ def _settle(
     bitwise. The seconds spent go to ``attrs["batch_size_probe_time"]``.
     """
     if not placed.probe:
-        return placed, loop, init, warm
+        return placed, loop, init, warm, compile_time
     t0 = time.perf_counter()
-    one = _choose.Candidate(placed, loop, init, warm)
+    one = _choose.Candidate(placed, loop, init, warm, compile_time)
     timer = lambda c, count: _loop.time_draws(c.loop, c.warm.state, c.placed, sched, count)  # noqa: E731
 
     def wide(batch_size: int | None) -> _choose.Candidate:
@@ -322,14 +327,15 @@ def _settle(
             warnings.simplefilter("ignore", ChainrunnerWarning)
             i, ahead = _initialise(plan, adapter, start, p, sched)
         w = Warm(start.kernel, i.state)
-        return _choose.Candidate(p, _compile(plan, p, sched, w, ahead)[0], i, w)
+        wide_loop, dt = _compile(plan, p, sched, w, ahead)
+        return _choose.Candidate(p, wide_loop, i, w, dt)
 
     probe = _choose.Probe(one, wide, timer, compile_time + init.compile_time,
                           sched.total_draws, sched.chunk_len)  # fmt: skip
     choice, best = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
     attrs = {**(best.warm.attrs or {}), "batch_size_probe_time": time.perf_counter() - t0}
     placed = best.placed._replace(batch_choice=choice.reason, probe=False)
-    return placed, best.loop, best.init, best.warm._replace(attrs=attrs)
+    return placed, best.loop, best.init, best.warm._replace(attrs=attrs), best.compile_time
 
 
 def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,

@@ -30,6 +30,8 @@ class Start(NamedTuple):
         state: the final state of a continued trace (leading chain axis), else ``None``.
         first_step: global number of the run's first step (a continued trace's ``num_steps``).
         cross_chain: the adapter's cross-chain warmup runs before sampling.
+        previous_batch_size: a continued trace's ``attrs["batch_size"]`` (``"all"`` or
+            a number), else ``None``.
     """
 
     kernel: Kernel
@@ -38,6 +40,7 @@ class Start(NamedTuple):
     state: Any
     first_step: int
     cross_chain: bool
+    previous_batch_size: Any = None
 
 
 def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start:
@@ -55,7 +58,8 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             )
         state = previous.final_state
         n = leading_size(state, "initial_position.final_state", where)
-        start = Start(kernel, n, None, state, previous.num_steps, False)
+        start = Start(kernel, n, None, state, previous.num_steps, False,
+                      previous.attrs.get("batch_size"))  # fmt: skip
     else:
         kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
         if initial_position is not None:

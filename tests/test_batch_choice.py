@@ -36,7 +36,7 @@ def probes(monkeypatch):
     _choose.forget()
     monkeypatch.setattr(_choose, "WORTH", 0.0)
     seen, real_compile = [], _loop.compile_loop
-    ns = types.SimpleNamespace(vmap_wins=True, vmap_compiles=0)
+    ns = types.SimpleNamespace(vmap_wins=True, vmap_compiles=0, vmap_fails=False)
 
     def fake_time(program, state, placed, sched, count):
         _loop_time(program, state, placed, sched, count)  # really runs it
@@ -48,6 +48,8 @@ def probes(monkeypatch):
     def counting_compile(kernel, plan, placed, *args, **kw):
         if placed.layout.batch_size is None:
             ns.vmap_compiles += 1
+            if ns.vmap_fails:
+                raise RuntimeError("this model cannot be vmapped")
         return real_compile(kernel, plan, placed, *args, **kw)
 
     _loop_time = _loop.time_draws
@@ -80,6 +82,48 @@ def test_a_probed_loop_that_wins_keeps_batch_size_one(probes):
     auto = run()
     assert auto.attrs["batch_size"] == 1 and "against" in auto.attrs["batch_size_choice"]
     np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
+
+
+def test_a_vmap_that_fails_leaves_the_run_to_batch_size_one(probes):
+    probes.vmap_fails = True
+    auto = run()
+    a = auto.attrs
+    assert a["batch_size"] == 1, a
+    assert (
+        "batch_size=None failed: RuntimeError: this model cannot be vmapped"
+        in (a["batch_size_choice"])
+    )
+    np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
+
+
+def test_continuing_keeps_the_batch_size_and_superchains_follow_the_choice(probes):
+    part = run(superchains=2)
+    assert part.attrs["batch_size"] == "all"
+    rest = cr.run(NUTS, jax.random.key(3), part, 20, mesh=cr.chain_mesh(4), progress=False,
+                  warn=False)  # fmt: skip
+    assert rest.attrs["batch_size"] == "all"
+    assert rest.attrs["batch_size_choice"] == "auto: all, as the continued trace"
+    long = cr.run(NUTS, jax.random.key(3), X0, 60, mesh=cr.chain_mesh(4), batch_size=None,
+                  superchains=2, progress=False, warn=False)  # fmt: skip
+    np.testing.assert_array_equal(np.concatenate([part.draws, rest.draws], 1), long.draws)
+
+
+def test_a_numpyro_model_that_initialises_itself_probes_the_same_way(probes):
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import NUTS as NumpyroNUTS
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    kernel = cr.from_numpyro(NumpyroNUTS(model), model_args=(np.array([0.5, -0.3, 1.2]),))
+    kw = {"num_warmup": 20, "num_chains": 10, "mesh": cr.chain_mesh(4), "progress": False,
+          "warn": False}  # fmt: skip
+    auto = cr.run(kernel, jax.random.key(0), None, 20, **kw)
+    assert auto.attrs["batch_size"] == "all"
+    wide = cr.run(kernel, jax.random.key(0), None, 20, batch_size=None, **kw)
+    np.testing.assert_array_equal(auto.draws["mu"], wide.draws["mu"])
 
 
 def test_a_short_run_keeps_batch_size_one_without_compiling_a_vmap(monkeypatch):
