@@ -63,6 +63,7 @@ ONLY_ON = {
     ],
     (3, 11): [
         "test_examples.py::*",
+        "test_batch_choice.py::*",
         "test_posteriordb.py::*-fixed]",
         "test_docs.py::*[[]batch-size.md]",
         "test_docs.py::*[[]chain-map.md]",
