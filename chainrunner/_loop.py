@@ -7,6 +7,7 @@ previous one is collected, so the host copies draws while the devices sample.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, NamedTuple
 
@@ -53,7 +54,7 @@ def compile_loop(
 ) -> tuple[Any, float]:
     """The compiled chunk program for ``state`` (arrays or shape structs), and seconds spent."""
     mesh, b = placed.mesh, placed.layout.batch_size
-    zero = _mesh.replicate((np.int32(0), np.int32(0)), mesh)
+    zero = chunk_scalars(0, 0, mesh)
     n = placed.layout.num_chains
     key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, plan.thinning, plan.keep)
     key += (n,) if kernel.ensemble is not None else ()
@@ -65,9 +66,19 @@ def compile_loop(
     )
 
 
+@functools.lru_cache(maxsize=256)
+def chunk_scalars(start: int, count: int, mesh: Any) -> tuple[jax.Array, jax.Array]:
+    """A chunk's first step and draw count, replicated on the mesh.
+
+    Cached: a repeated run's chunks start at the same steps, and two host-to-device
+    copies per chunk are a measurable part of a short run's fixed cost.
+    """
+    return _mesh.replicate((np.int32(start), np.int32(count)), mesh)
+
+
 def time_draws(loop: Any, state: Any, placed: Any, sched: Schedule, count: int) -> float:
     """Seconds ``loop`` takes for the run's first ``count`` draws from ``state`` (thrown away)."""
-    start, valid = _mesh.replicate((np.int32(sched.first_step), np.int32(count)), placed.mesh)
+    start, valid = chunk_scalars(sched.first_step, count, placed.mesh)
     t0 = time.perf_counter()
     jax.block_until_ready(loop(state, placed.chains, placed.key, start, valid, placed.params))
     return time.perf_counter() - t0
@@ -126,8 +137,8 @@ def run_chunks(
                 if collector.stop:
                     break
             count = min(sched.chunk_len, sched.total_draws - at)
-            start = np.int32(sched.first_step + at * plan.thinning)
-            start, valid = _mesh.replicate((start, np.int32(count)), placed.mesh)
+            first_step = sched.first_step + at * plan.thinning
+            start, valid = chunk_scalars(first_step, count, placed.mesh)
             state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)
             if pending is not None:
                 collector.collect(*pending)  # the next chunk is already running

@@ -205,7 +205,8 @@ def run(
     warm = _warm_up(plan, adapter, start, placed, init.state)
     if start.cross_chain:
         check_keep_names(warm.kernel, plan.keep, None, warm.state)
-    placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
+    if warm.kernel is not start.kernel:  # the cross-chain warmup adapted the parameters
+        placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
     placed, loop, init, warm, compile_time = _settle(
         plan, adapter, start, placed, sched, init, warm, loop, compile_time
