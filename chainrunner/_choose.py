@@ -11,8 +11,13 @@ device, the device and the JAX version (``docs/batch-size.md``), so on CPU devic
 2. ``settle`` (after the chunk program is compiled): a few draws of the run's first chunk,
    timed, give the sampling time with ``1``. If that is short next to the compile a
    ``vmap`` would add, ``1`` stays (the compile dominates; its end to end time wins).
-   Otherwise the ``vmap`` program is compiled too, both run the same probe draws from
-   the same state (thrown away), and the faster one samples the run.
+   Otherwise the run is also placed, initialised and compiled with one ``vmap``
+   (then, with many chains per device, vmaps of ``WIDEST``), each candidate runs the
+   same probe draws (thrown away), and the fastest samples the run. A candidate that
+   fails to build leaves the run to ``1``.
+
+A continued trace keeps its trace's batch size, and runs whose timing could not be
+repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.
 
 The choice and its reason go to ``attrs["batch_size_choice"]``, and to a cache keyed on
 the program and the run's length: the next identical call samples at once, with the

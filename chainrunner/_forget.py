@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _convergence, _distributed, _mesh
+from . import _convergence, _distributed
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel
+from ._loop import chunk_scalars
 from ._until import Forgotten, columns
 
 
@@ -70,8 +71,8 @@ class Windows:
         n, outs = self.placed.layout.num_chains, []
         for lo in range(at, at + count, self.chunk_len):
             size = min(self.chunk_len, at + count - lo)
-            start = np.int32(self.first_step + lo * self.thinning)
-            start, valid = _mesh.replicate((start, np.int32(size)), self.placed.mesh)
+            start, valid = chunk_scalars(self.first_step + lo * self.thinning, size,
+                                         self.placed.mesh)  # fmt: skip
             p = self.placed
             state, out = self.loop(state, p.chains, p.key, start, valid, p.params)
             outs.append(jax.tree.map(lambda x, s=size: x[:n, :s], _distributed.to_host(out)))
