@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -77,14 +78,14 @@ def make_problem(name):
     return matmul, (X, Y), {}
 
 
-def methods_for(chains, ndev):
+def methods_for(chains, ndev, floors=True):
     per = -(-chains // ndev)
     out = ["default", "b=1"]
     if per > 8:
         out.append("b=8")
     if per > 1:
         out.append("b=all")
-    return [*out, "floor[vmap]", "floor[map]"]
+    return [*out, "floor[vmap]", "floor[map]"] if floors else out
 
 
 def make_runner(method, model, args, kwargs, chains, warmup, draws, ndev):
@@ -124,12 +125,14 @@ def make_runner(method, model, args, kwargs, chains, warmup, draws, ndev):
     return run
 
 
-def bench_row(model_name, chains, ndev, reps, budget=10.0, max_reps=20):
+def bench_row(
+    model_name, chains, ndev, reps, scale=1, floors=True, only=None, budget=10.0, max_reps=20
+):
     import numpy as np
 
     model, args, kwargs = make_problem(model_name)
-    warmup, draws = SIZES[chains]
-    methods = methods_for(chains, ndev)
+    warmup, draws = (round(scale * n) for n in SIZES[chains])
+    methods = [m for m in methods_for(chains, ndev, floors) if only is None or m in only]
     runners = {m: make_runner(m, model, args, kwargs, chains, warmup, draws, ndev) for m in methods}
     cold, info = {}, {}
     # An untimed run of the row's model and chains first: JAX compiles each eager
@@ -154,9 +157,9 @@ def bench_row(model_name, chains, ndev, reps, budget=10.0, max_reps=20):
     fixed = [m for m in methods if m.startswith("b=")]
     best_warm = min(fixed, key=med.get)
     best_e2e = min(fixed, key=cold.get)
-    floor = min(med["floor[vmap]"], med["floor[map]"])
+    floor = min(med.get("floor[vmap]", math.nan), med.get("floor[map]", math.nan))
     return {
-        "model": model_name, "chains": chains, "devices": ndev, "warmup": warmup,
+        "model": model_name, "chains": chains, "devices": ndev, "scale": scale, "warmup": warmup,
         "draws": draws, "reps": len(warm["default"]), "warm_s": med, "e2e_s": cold,
         "choice": info["default"].get("choice"), "chosen": info["default"].get("batch_size"),
         "best_warm": best_warm, "best_e2e": best_e2e,
@@ -177,7 +180,10 @@ def worker(opts):
     for model_name in opts.models.split(","):
         for chains in map(int, opts.chains.split(",")):
             t0 = time.perf_counter()
-            row = bench_row(model_name, chains, opts.devices, opts.reps)
+            only = opts.methods.split(",") if opts.methods else None
+            row = bench_row(
+                model_name, chains, opts.devices, opts.reps, opts.scale, opts.floors, only
+            )
             row["jax"] = jax.__version__
             print("#ROW " + json.dumps(row), flush=True)
             print(f"# {model_name} {chains} chains {opts.devices} devices jax {jax.__version__}:"
@@ -202,11 +208,11 @@ def table(rows):
         "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
-        flag = lambda x, t: f"{x:.2f}" + ("" if x <= t else " ✗")  # noqa: E731
+        flag = lambda x, t: "-" if math.isnan(x) else f"{x:.2f}" + ("" if x <= t else " ✗")  # noqa: E731
         lines.append(
             f"| {r['jax']} | {r['model']} | {r['chains']} | {r['devices']} | {r['chosen']} "
             f"| {flag(r['warm_vs_best'], TARGET_WARM)} | {flag(r['e2e_vs_best'], TARGET_E2E)} "
-            f"| {flag(r['warm_vs_floor'], TARGET_FLOOR)} | {r['b1_warm_vs_floor']:.2f} "
+            f"| {flag(r['warm_vs_floor'], TARGET_FLOOR)} | {flag(r['b1_warm_vs_floor'], math.inf)} "
             f"| {r['best_warm']} | {r['best_e2e']} | {'yes' if both_reachable(r) else 'no'} |"
         )
     return "\n".join(lines)
@@ -250,6 +256,10 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--chains", default=",".join(map(str, SIZES)))
     parser.add_argument("--reps", type=int, default=3, help="warm rounds, at least")
+    parser.add_argument("--scale", type=float, default=1.0, help="x the warmup and draws")
+    parser.add_argument("--methods", default=None, help="only these (default,b=1,...)")
+    parser.add_argument("--no-floors", dest="floors", action="store_false",
+                        help="fixed batch sizes only (long runs)")  # fmt: skip
     parser.add_argument("--out", default=os.path.join(HERE, "results", "batch_size.json"))
     parser.add_argument("--from-json", default=None, help="only print the table")
     parser.add_argument("--write-docs", action="store_true", help="update docs/batch-size.md")
@@ -273,7 +283,10 @@ def main():
     for python in opts.pythons.split(","):
         for ndev in opts.devices.split(","):
             cmd = [python, os.path.abspath(__file__), "--worker", "--devices", ndev, "--models",
-                   opts.models, "--chains", opts.chains, "--reps", str(opts.reps)]  # fmt: skip
+                   opts.models, "--chains", opts.chains, "--reps", str(opts.reps),
+                   "--scale", str(opts.scale)]  # fmt: skip
+            cmd += [] if opts.floors else ["--no-floors"]
+            cmd += ["--methods", opts.methods] if opts.methods else []
             env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
             for line in proc.stdout:

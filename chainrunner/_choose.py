@@ -8,13 +8,14 @@ device, the device and the JAX version (``docs/batch-size.md``), so on CPU devic
 1. ``choose`` (the ``place`` stage): a cached choice for the same program and run length
    is used as it is; otherwise the run starts with ``1``, the program that compiles
    fastest, and is marked for a probe.
-2. ``settle`` (after the chunk program is compiled): a few draws of the run's first chunk,
-   timed, give the sampling time with ``1``. If that is short next to the compile a
-   ``vmap`` would add, ``1`` stays (the compile dominates; its end to end time wins).
-   Otherwise the run is also placed, initialised and compiled with one ``vmap``
-   (then, with many chains per device, vmaps of ``WIDEST``), each candidate runs the
-   same probe draws (thrown away), and the fastest samples the run. A candidate that
-   fails to build leaves the run to ``1``.
+2. ``settle`` (after the chunk program is compiled): the run's first draws with ``1``,
+   timed, give its sampling time. If that is short next to the compile a ``vmap`` would
+   add, ``1`` stays (the compile dominates; its end to end time wins) and goes on after
+   those draws. Otherwise the run is also placed, initialised and compiled with one
+   ``vmap`` (with many chains per device: vmaps of ``WIDEST`` first, then one ``vmap``
+   of all where the run pays for two compiles), each candidate samples the same first
+   draws, and the fastest samples the rest of the run after its own (the others' are
+   thrown away). A candidate that fails to build leaves the run to ``1``.
 
 A continued trace keeps its trace's batch size, and runs whose timing could not be
 repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.
@@ -43,10 +44,11 @@ from ._lru import LRU
 # (docs/batch-size.md, both JAX versions); compile times under a second are noise.
 VMAP_COMPILE_RATIO = 1.75
 MIN_COMPILE_S = 1.0
-# Probe the vmap only if sampling with 1 would take this many times its compile.
-WORTH = 5.0
-PROBE_SHARE = 0.03  # of the run's draws, per candidate
-FIRST_PROBE = 2  # draws timed first, to estimate the sampling time with 1
+# Probe a vmap only if sampling with 1 would take this many times its compile: a probe
+# that finds nothing faster then costs the run at most a tenth more, end to end.
+WORTH = 10.0
+PROBE_SHARE = 0.01  # of the run's draws, per candidate (at least FIRST_PROBE)
+FIRST_PROBE = 2
 WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried too
 _CHOICES = LRU(64)
 
@@ -110,14 +112,15 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
 
 
 class Candidate(NamedTuple):
-    """A batch size's run up to its first draw: placement, loop program (and the seconds
-    its compile took), initial state."""
+    """A batch size's run: placement, loop program (and the seconds its compile took),
+    initial state, and what its probe draws left (``warm``) and took (``seconds``)."""
 
     placed: Any
     loop: Any
     init: Any
     warm: Any
     compile_time: float = 0.0
+    seconds: float = 0.0
 
 
 class Probe(NamedTuple):
@@ -126,8 +129,9 @@ class Probe(NamedTuple):
     Attributes:
         one: the run with ``batch_size=1``, compiled and initialised.
         build: ``batch_size -> Candidate``: the run with another batch size.
-        time: ``(candidate, count) -> seconds`` for the run's first ``count`` draws
-            (from the candidate's initial state; thrown away).
+        advance: ``(candidate, count) -> candidate`` with the run's next ``count`` draws
+            sampled and kept, their seconds added to ``seconds``; ``count=0`` makes the
+            program's first call (buffers, threads), untimed.
         compile_time: seconds until ``one`` was compiled.
         total_draws: draws of the run's loop.
         chunk_len: draws per call of the chunk program (a probe's most).
@@ -135,17 +139,17 @@ class Probe(NamedTuple):
 
     one: Candidate
     build: Callable[[int | None], Candidate]
-    time: Callable[[Candidate, int], float]
+    advance: Callable[[Candidate, int], Candidate]
     compile_time: float
     total_draws: int
     chunk_len: int
 
 
 def _widths(per_device: int) -> tuple[int | None, ...]:
-    """The batch sizes tried against ``1``, in order: one vmap over all of a device's
-    chains, then (with more than ``WIDEST``) vmaps of ``WIDEST``, whose trajectories
-    wait for fewer others."""
-    return (None,) if per_device <= WIDEST else (None, WIDEST)
+    """The batch sizes tried against ``1``, in order: one vmap over a device's chains;
+    with more than ``WIDEST``, vmaps of ``WIDEST`` first (their trajectories wait for
+    fewer others: faster on 21 of the 32 such rows of the grid), then one vmap of all."""
+    return (None,) if per_device <= WIDEST else (WIDEST, None)
 
 
 def _named(width: int | None) -> str:
@@ -155,12 +159,18 @@ def _named(width: int | None) -> str:
 def settle(key: tuple, probe: Probe) -> tuple[Choice, Candidate]:
     """Probes ``1`` against vmaps; returns the choice and the run it chose.
 
-    A second width is tried only if the first did not beat ``1`` and the run is long
-    enough to pay for a second compile too.
+    Probe draws are the run's first draws: the chosen candidate keeps its own, and the
+    run goes on after them. A second width is tried only if the run is long enough to
+    pay for a second compile too.
     """
-    first = min(FIRST_PROBE, probe.total_draws, probe.chunk_len)
-    probe.time(probe.one, 0)  # a program's first call sets up buffers and threads
-    estimate = probe.time(probe.one, first) / first * probe.total_draws
+    span = min(probe.chunk_len, probe.total_draws,
+               max(FIRST_PROBE, round(PROBE_SHARE * probe.total_draws)))  # fmt: skip
+    half = probe.advance(probe.advance(probe.one, 0), span // 2)
+    one = probe.advance(half, span - span // 2)
+    # the second half's pace: the first draws of a warmup misjudge the rest the most
+    estimate = one.seconds + (one.seconds - half.seconds) / (span - span // 2) * (
+        probe.total_draws - span
+    )
     extra = VMAP_COMPILE_RATIO * max(probe.compile_time, MIN_COMPILE_S)
     if estimate < WORTH * extra:
         reason = (
@@ -168,25 +178,21 @@ def settle(key: tuple, probe: Probe) -> tuple[Choice, Candidate]:
             f"under {WORTH:g}x the {extra:.2g} s a vmapped program would add to compile)"
         )
         _CHOICES.put(key, (1, reason))
-        return Choice(1, reason), probe.one
-    count = min(probe.chunk_len, probe.total_draws,
-                max(first, round(PROBE_SHARE * probe.total_draws)))  # fmt: skip
-    times = {1: (probe.time(probe.one, count), probe.one)}
+        return Choice(1, reason), one
+    runs = {1: one}
     failed = ""
     for k, width in enumerate(_widths(probe.one.placed.layout.per_device)):
-        if k and (min(times, key=lambda b: times[b][0]) != 1 or estimate < 2 * WORTH * extra):
+        if k and estimate < 2 * WORTH * extra:  # a second compile must pay too
             break
         try:
-            wide = probe.build(width)
-            probe.time(wide, 0)
-            times[width] = (probe.time(wide, count), wide)
+            runs[width] = probe.advance(probe.advance(probe.build(width), 0), span)
         except Exception as e:  # a kernel that cannot be vmapped still runs with 1
             failed = f"; batch_size={width} failed: {type(e).__name__}: {e}"[:300]
             break
-    best = min(times, key=lambda b: times[b][0])
-    others = ", ".join(f"{times[b][0]:.3g} s with batch_size={b}" for b in times if b != best)
+    best = min(runs, key=lambda b: runs[b].seconds)
+    others = ", ".join(f"{runs[b].seconds:.3g} s with batch_size={b}" for b in runs if b != best)
     reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
-             f"({count} probe draws: {times[best][0]:.3g} s" \
+             f"({span} probe draws: {runs[best].seconds:.3g} s" \
              f"{', against ' + others if others else ''}{failed})"  # fmt: skip
     _CHOICES.put(key, (best, reason))
-    return Choice(best, reason), times[best][1]
+    return Choice(best, reason), runs[best]

@@ -76,12 +76,16 @@ def chunk_scalars(start: int, count: int, mesh: Any) -> tuple[jax.Array, jax.Arr
     return _mesh.replicate((np.int32(start), np.int32(count)), mesh)
 
 
-def time_draws(loop: Any, state: Any, placed: Any, sched: Schedule, count: int) -> float:
-    """Seconds ``loop`` takes for the run's first ``count`` draws from ``state`` (thrown away)."""
-    start, valid = chunk_scalars(sched.first_step, count, placed.mesh)
+def run_chunk(
+    loop: Any, state: Any, placed: Any, thinning: int, sched: Schedule, at: int, count: int
+) -> tuple[float, Any, Any]:  # fmt: skip
+    """Loop draws ``at..at+count-1`` from ``state``, as one chunk: seconds, state, output."""
+    start, valid = chunk_scalars(sched.first_step + at * thinning, count, placed.mesh)
     t0 = time.perf_counter()
-    jax.block_until_ready(loop(state, placed.chains, placed.key, start, valid, placed.params))
-    return time.perf_counter() - t0
+    state, out = jax.block_until_ready(
+        loop(state, placed.chains, placed.key, start, valid, placed.params)
+    )
+    return time.perf_counter() - t0, state, out
 
 
 def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> Any:
@@ -115,6 +119,15 @@ class LoopResult(NamedTuple):
     interrupted: bool
 
 
+def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
+    """Where the chunks from draw ``first`` start: on the run's grid of ``chunk_len``
+    draws (after a head of probe draws, the first chunk runs up to the grid), so that
+    ``until`` checks fall on the same draws whatever ran before."""
+    if first >= total:
+        return []
+    return [first, *range((first // chunk_len + 1) * chunk_len, total, chunk_len)]
+
+
 def run_chunks(
     loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int
 ) -> LoopResult:
@@ -128,7 +141,7 @@ def run_chunks(
     if collector.stop:  # a resumed run that had already converged
         return LoopResult(0.0, False)
     try:
-        for at in range(first, sched.total_draws, sched.chunk_len):
+        for at in _chunk_starts(first, sched.total_draws, sched.chunk_len):
             if pending is not None and collector.check_due(pending[0] + pending[1]):
                 # A convergence check follows the chunk: collect it before starting the
                 # next, which would be thrown away if the check stops the run.
@@ -136,7 +149,7 @@ def run_chunks(
                 pending = None
                 if collector.stop:
                     break
-            count = min(sched.chunk_len, sched.total_draws - at)
+            count = min(sched.chunk_len - at % sched.chunk_len, sched.total_draws - at)
             first_step = sched.first_step + at * plan.thinning
             start, valid = chunk_scalars(first_step, count, placed.mesh)
             state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)

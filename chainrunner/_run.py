@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -48,6 +49,8 @@ class Warm(NamedTuple):
     draws: Any = None
     stats: dict | None = None
     attrs: dict | None = None
+    head: tuple = ()  # loop chunks the batch-size probe ran: (at, count, state after, out)
+    head_time: float = 0.0
 
 
 class Sampled(NamedTuple):
@@ -312,15 +315,16 @@ def _settle(
 ) -> tuple[_start.Placement, Any, Initialised, Warm, float]:  # fmt: skip
     """``batch_size="auto"``, measured (``_choose.settle``) where ``place`` left it open.
 
-    The wide candidate is a run of its own up to its first draw: placed, initialised
-    and compiled with its batch size, so that a run that chooses it has its draws,
-    bitwise. The seconds spent go to ``attrs["batch_size_probe_time"]``.
+    The wide candidate is a run of its own: placed, initialised and compiled with its
+    batch size, so that a run that chooses it has its draws, bitwise. The probe's draws
+    are the run's first: the chosen candidate's stay in ``Warm.head`` and sampling goes
+    on after them (a ``warmup_until`` burn-in starts from the initial state instead).
+    The seconds spent, less the kept draws', go to ``attrs["batch_size_probe_time"]``.
     """
     if not placed.probe:
         return placed, loop, init, warm, compile_time
     t0 = time.perf_counter()
-    one = _choose.Candidate(placed, loop, init, warm, compile_time)
-    timer = lambda c, count: _loop.time_draws(c.loop, c.warm.state, c.placed, sched, count)  # noqa: E731
+    advance = functools.partial(_advance, plan.thinning, sched)
 
     def wide(batch_size: int | None) -> _choose.Candidate:
         p = _start.place(plan, start, _choose.Choice(batch_size, ""), placed.mesh)
@@ -331,12 +335,31 @@ def _settle(
         wide_loop, dt = _compile(plan, p, sched, w, ahead)
         return _choose.Candidate(p, wide_loop, i, w, dt)
 
-    probe = _choose.Probe(one, wide, timer, compile_time + init.compile_time,
+    one = _choose.Candidate(placed, loop, init, warm, compile_time)
+    probe = _choose.Probe(one, wide, advance, compile_time + init.compile_time,
                           sched.total_draws, sched.chunk_len)  # fmt: skip
     choice, best = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
-    attrs = {**(best.warm.attrs or {}), "batch_size_probe_time": time.perf_counter() - t0}
+    keep = plan.warmup_until is None
+    kept = best.seconds if keep else 0.0
+    attrs = {**(best.warm.attrs or {}),
+             "batch_size_probe_time": time.perf_counter() - t0 - kept}  # fmt: skip
+    warm = best.warm._replace(attrs=attrs, head=best.warm.head if keep else (), head_time=kept)
     placed = best.placed._replace(batch_choice=choice.reason, probe=False)
-    return placed, best.loop, best.init, best.warm._replace(attrs=attrs), best.compile_time
+    return placed, best.loop, best.init, warm, best.compile_time
+
+
+def _advance(
+    thinning: int, sched: _loop.Schedule, c: _choose.Candidate, count: int
+) -> _choose.Candidate:  # fmt: skip
+    """``c`` with the run's next ``count`` draws sampled and kept in ``c.warm.head``
+    (``count=0``: the program's first call, untimed and thrown away)."""
+    done = sum(chunk[1] for chunk in c.warm.head)
+    state = c.warm.head[-1][2] if c.warm.head else c.warm.state
+    dt, after, out = _loop.run_chunk(c.loop, state, c.placed, thinning, sched, done, count)
+    if count == 0:
+        return c
+    head = (*c.warm.head, (done, count, after, out))
+    return c._replace(warm=c.warm._replace(head=head), seconds=c.seconds + dt)
 
 
 def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
@@ -413,14 +436,19 @@ def _sample(
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning + (sched.first_step - start.first_step))
-        result = _loop.run_chunks(loop, state, placed, plan, sched, collector, first)
+        go_on = first
+        for at, count, after, out in warm.head:  # the batch-size probe's draws (stage 6a)
+            collector.collect(at, count, after, out)
+            go_on, state = at + count, after
+        result = _loop.run_chunks(loop, state, placed, plan, sched, collector, go_on)
     finally:
         bar.close()
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []
     interrupted = result.interrupted or stopped
-    return Sampled(collector, resumed, repaired, result.sampling_time, interrupted)
+    sampling_time = result.sampling_time + warm.head_time
+    return Sampled(collector, resumed, repaired, sampling_time, interrupted)
 
 
 def _flush(ckpt: Any) -> bool:

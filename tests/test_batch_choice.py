@@ -28,22 +28,23 @@ def run(batch_size="auto", **kw):
 
 @pytest.fixture
 def probes(monkeypatch):
-    """Makes ``auto`` probe every run and see the vmapped program as ``faster`` (or not).
+    """Makes ``auto`` probe every run and see the vmapped program as faster (or not).
 
-    Times are faked: the first program timed (``batch_size=1``) takes 1 s; any other
-    0.5 s if ``probes.vmap_wins``, else 2 s. Compiles of the vmapped program are counted.
+    Times are faked: a draw of the first program run (``batch_size=1``) takes 1 s; of any
+    other 0.5 s if ``probes.vmap_wins``, else 2 s. Compiles of the vmapped program are
+    counted.
     """
     _choose.forget()
     monkeypatch.setattr(_choose, "WORTH", 0.0)
-    seen, real_compile = [], _loop.compile_loop
+    seen, real_compile, real_chunk = [], _loop.compile_loop, _loop.run_chunk
     ns = types.SimpleNamespace(vmap_wins=True, vmap_compiles=0, vmap_fails=False)
 
-    def fake_time(program, state, placed, sched, count):
-        _loop_time(program, state, placed, sched, count)  # really runs it
+    def fake_chunk(program, state, placed, thinning, sched, at, count):
+        _, after, out = real_chunk(program, state, placed, thinning, sched, at, count)
         if not seen or program is seen[0]:
             seen.append(program)
-            return 1.0
-        return 0.5 if ns.vmap_wins else 2.0
+            return 1.0 * count, after, out
+        return (0.5 if ns.vmap_wins else 2.0) * count, after, out
 
     def counting_compile(kernel, plan, placed, *args, **kw):
         if placed.layout.batch_size is None:
@@ -52,8 +53,7 @@ def probes(monkeypatch):
                 raise RuntimeError("this model cannot be vmapped")
         return real_compile(kernel, plan, placed, *args, **kw)
 
-    _loop_time = _loop.time_draws
-    monkeypatch.setattr(_loop, "time_draws", fake_time)
+    monkeypatch.setattr(_loop, "run_chunk", fake_chunk)
     monkeypatch.setattr(_loop, "compile_loop", counting_compile)
     yield ns
     _choose.forget()
@@ -82,6 +82,34 @@ def test_a_probed_loop_that_wins_keeps_batch_size_one(probes):
     auto = run()
     assert auto.attrs["batch_size"] == 1 and "against" in auto.attrs["batch_size_choice"]
     np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
+
+
+@pytest.mark.parametrize("vmap_wins", [True, False])
+def test_the_probe_draws_are_the_runs_first_draws(probes, vmap_wins, monkeypatch):
+    """The winner's probe draws are kept, thinned and split into warmup and draws as the
+    run's; the run goes on after them, with the draws of its batch size given."""
+    probes.vmap_wins = vmap_wins
+    monkeypatch.setattr(_choose, "PROBE_SHARE", 0.05)
+    kw = {"num_warmup": 100, "thinning": 2, "keep_warmup": True, "chunk_size": 7}
+    auto = run(**kw)  # 70 loop draws: 4 probed (in 2 chunks with 1, whose pace is timed)
+    b = auto.attrs["batch_size"]
+    assert b == ("all" if vmap_wins else 1) and "4 probe draws" in auto.attrs["batch_size_choice"]
+    fixed = run(batch_size=None if vmap_wins else 1, **kw)
+    np.testing.assert_array_equal(auto.draws, fixed.draws)
+    np.testing.assert_array_equal(auto.warmup_draws, fixed.warmup_draws)
+    for k in auto.stats:
+        np.testing.assert_array_equal(auto.stats[k], fixed.stats[k])
+    assert auto.num_steps == fixed.num_steps == 140
+    assert auto.attrs["sampling_time"] >= (2.0 if vmap_wins else 4.0)  # the kept draws'
+
+
+def test_probe_draws_before_a_burn_in_are_thrown_away(probes):
+    """``warmup_until`` starts its windows from the initial state, as without a probe."""
+    target = cr.Forgotten(window=4)
+    auto = run(num_warmup=20, warmup_until=target, superchains=2)
+    fixed = run(num_warmup=20, warmup_until=target, superchains=2, batch_size=None)
+    assert auto.attrs["batch_size"] == "all"
+    np.testing.assert_array_equal(auto.draws, fixed.draws)
 
 
 def test_a_vmap_that_fails_leaves_the_run_to_batch_size_one(probes):
@@ -171,13 +199,14 @@ def test_settle_decides_from_the_probe_times():
             built.append(width)
             return _choose.Candidate(layout(per_device), width, None, None)
 
-        def time(candidate, count):
-            return count * per_draw[candidate.loop]
+        def advance(candidate, count):
+            return candidate._replace(seconds=candidate.seconds + count * per_draw[candidate.loop])
 
         one = _choose.Candidate(layout(per_device), 1, None, None)
-        return _choose.Probe(one, build, time, compile_time, total, 100), built
+        return _choose.Probe(one, build, advance, compile_time, total, 100), built
 
-    # 1000 draws x 1 ms = 1 s of sampling, under 5 x 1.75 x 2 s of compile: stays 1
+    # 1000 draws x 1 ms = 1 s of sampling, under 10 x 1.75 x 2 s of compile: stays 1
+    # (the pace of 1: the second half of its 10 probe draws)
     p, built = probe({1: 1e-3, None: 1e-4})
     choice, best = _choose.settle(("a",), p)
     assert (choice.batch_size, best.loop, built) == (1, 1, [])
@@ -186,19 +215,22 @@ def test_settle_decides_from_the_probe_times():
     choice, best = _choose.settle(("b",), p)
     assert (choice.batch_size, best.loop, built) == (None, None, [None])
     assert choice.reason == (
-        "auto: all, one vmap (30 probe draws: 1.5 s, against 3 s with batch_size=1)"
+        "auto: all, one vmap (10 probe draws: 0.5 s, against 1 s with batch_size=1)"
     )
     assert _choose._CHOICES.lookup(("b",)) == (True, (None, choice.reason))
     p, built = probe({1: 0.1, None: 0.2})  # probed, 1 faster
     choice, best = _choose.settle(("c",), p)
     assert (choice.batch_size, best.loop, built) == (1, 1, [None])
-    assert "against 6 s with batch_size=None" in choice.reason
-    # many chains per device: all in one vmap loses to 1, vmaps of 8 win
+    assert "against 2 s with batch_size=None" in choice.reason
+    # many chains per device: vmaps of 8 first; one vmap of all too if the run pays for
+    # two compiles (100 s of sampling with 1, over 2 x 10 x 1.75 x 2 s)
     p, built = probe({1: 0.1, None: 0.2, 8: 0.05}, per_device=100)
     choice, best = _choose.settle(("d",), p)
-    assert (choice.batch_size, best.loop, built) == (8, 8, [None, 8])
-    p, built = probe({1: 0.1, None: 0.05, 8: 0.01}, per_device=100)  # all wins: no 2nd
-    assert _choose.settle(("e",), p)[0].batch_size is None and built == [None]
+    assert (choice.batch_size, best.loop, built) == (8, 8, [8, None])
+    p, built = probe({1: 0.1, None: 0.01, 8: 0.05}, per_device=100)
+    assert _choose.settle(("e",), p)[0].batch_size is None and built == [8, None]
+    p, built = probe({1: 0.05, None: 0.01, 8: 0.02}, per_device=100)  # 50 s: one compile
+    assert _choose.settle(("f",), p)[0].batch_size == 8 and built == [8]
     _choose.forget()
 
 
