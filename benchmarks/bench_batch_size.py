@@ -120,7 +120,8 @@ def make_runner(method, model, args, kwargs, chains, warmup, draws, ndev):
         wall = time.perf_counter() - t0
         a = trace.attrs
         return wall, {"batch_size": a["batch_size"], "choice": a["batch_size_choice"],
-                      "compile_s": a["compile_time"]}  # fmt: skip
+                      "compile_s": a["compile_time"],
+                      "probe_s": a.get("batch_size_probe_time")}  # fmt: skip
 
     return run
 
@@ -162,6 +163,7 @@ def bench_row(
         "model": model_name, "chains": chains, "devices": ndev, "scale": scale, "warmup": warmup,
         "draws": draws, "reps": len(warm["default"]), "warm_s": med, "e2e_s": cold,
         "choice": info["default"].get("choice"), "chosen": info["default"].get("batch_size"),
+        "probe_s": info["default"].get("probe_s"),
         "best_warm": best_warm, "best_e2e": best_e2e,
         "warm_vs_best": med["default"] / med[best_warm],
         "e2e_vs_best": cold["default"] / cold[best_e2e],

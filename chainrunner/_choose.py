@@ -1,30 +1,30 @@
 """``batch_size="auto"``: the batch size a run samples with, chosen per run.
 
-A device advances its chains one after another (``batch_size=1``) or together in one
-``vmap`` (``None``). Which is faster depends on the model's step, the chains per
-device, the device and the JAX version (``docs/batch-size.md``), so on CPU devices
-``"auto"`` measures it:
+A device advances its chains one after another (``batch_size=1``) or together in
+vmaps (``8``: vmaps of 8 chains; ``None``: one over all). Which is faster depends on
+the model's step, the chains per device, the device and the JAX version
+(``docs/batch-size.md``), and, for NUTS, on the phase of the run: in the first
+draws of a warmup, trajectory lengths differ the most between chains, and a vmap,
+which waits for the longest, is slowest there. So on CPU devices ``"auto"`` measures
+at the start of sampling:
 
-1. ``choose`` (the ``place`` stage): a cached choice for the same program and run length
-   is used as it is; otherwise the run starts with ``1``, the program that compiles
-   fastest, and is marked for a probe.
-2. ``settle`` (after the chunk program is compiled): the run's first draws with ``1``,
-   timed, give its sampling time. If that is short next to the compile a ``vmap`` would
-   add, ``1`` stays (the compile dominates; its end to end time wins) and goes on after
-   those draws. Otherwise the run is also placed, initialised and compiled with one
-   ``vmap`` (with many chains per device: vmaps of ``WIDEST`` first, then one ``vmap``
-   of all where the run pays for two compiles), each candidate samples the same first
-   draws, and the fastest samples the rest of the run after its own (the others' are
-   thrown away). A candidate that fails to build leaves the run to ``1``.
+1. ``choose`` (the ``place`` stage): the run starts with ``1``, the program that
+   compiles fastest, and is marked for ``settle``.
+2. The warmup runs with ``1``. At the first sampling draw (``_switch``), ``1`` samples
+   the probe draws (the run's own; ``span``), and ``settle`` decides from their pace:
+   if sampling the rest with ``1`` would take less than ``WORTH`` times the compile a
+   vmap adds, ``1`` stays (the compile dominates). Otherwise vmapped programs are
+   compiled and sample the same draws from the same state (thrown away), and the run
+   samples the rest with the fastest, its state moved to that layout.
 
 A continued trace keeps its trace's batch size, and runs whose timing could not be
 repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.
 
 The choice and its reason go to ``attrs["batch_size_choice"]``, and to a cache keyed on
-the program and the run's length: the next identical call samples at once, with the
-same draws. Draws of a run equal those of a run with its chosen ``batch_size`` given,
-bitwise. Accelerators take one ``vmap`` (their width is what keeps them busy); an
-ensemble takes its own width (``_ensemble.auto_width``).
+the program and the run's length: the next identical call switches at the same draw to
+the same batch size without timing, and gives the same draws. Accelerators take one
+``vmap`` (their width is what keeps them busy); an ensemble takes its own width
+(``_ensemble.auto_width``).
 """
 
 from __future__ import annotations
@@ -47,18 +47,20 @@ MIN_COMPILE_S = 1.0
 # Probe a vmap only if sampling with 1 would take this many times its compile: a probe
 # that finds nothing faster then costs the run at most a tenth more, end to end.
 WORTH = 10.0
-PROBE_SHARE = 0.01  # of the run's draws, per candidate (at least FIRST_PROBE)
+PROBE_SHARE = 0.02  # of the sampling draws (at least FIRST_PROBE, at most a chunk)
 FIRST_PROBE = 2
-WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried too
+WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried first
 _CHOICES = LRU(64)
 
 
 class Choice(NamedTuple):
-    """A run's batch size, why, and whether ``settle`` still has to probe it."""
+    """A run's batch size, why, whether ``settle`` still has to probe it, and whether
+    it did."""
 
     batch_size: int | None
     reason: str
     probe: bool = False
+    timed: bool = False  # ``settle`` timed the run (not a cached choice)
 
 
 def forget() -> None:
@@ -105,44 +107,33 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
     why_not = _why_no_probe(plan, start)
     if why_not is not None:
         return Choice(1, f"auto: 1, chains one after another on CPU ({why_not})")
-    found, cached = _CHOICES.lookup(cache_key(plan, start, mesh))
-    if found:
-        return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
-    return Choice(1, "auto: 1 (to be probed)", probe=True)
+    return Choice(1, "auto: 1 (to be probed at the first sampling draw)", probe=True)
 
 
-class Candidate(NamedTuple):
-    """A batch size's run: placement, loop program (and the seconds its compile took),
-    initial state, and what its probe draws left (``warm``) and took (``seconds``)."""
-
-    placed: Any
-    loop: Any
-    init: Any
-    warm: Any
-    compile_time: float = 0.0
-    seconds: float = 0.0
+def span(draws: int, chunk_len: int) -> int:
+    """Probe draws for a run with ``draws`` sampling draws left."""
+    return min(chunk_len, draws, max(FIRST_PROBE, round(PROBE_SHARE * draws)))
 
 
 class Probe(NamedTuple):
-    """What ``settle`` needs of the run.
+    """What ``settle`` knows of the run at its first sampling draw.
 
     Attributes:
-        one: the run with ``batch_size=1``, compiled and initialised.
-        build: ``batch_size -> Candidate``: the run with another batch size.
-        advance: ``(candidate, count) -> candidate`` with the run's next ``count`` draws
-            sampled and kept, their seconds added to ``seconds``; ``count=0`` makes the
-            program's first call (buffers, threads), untimed.
-        compile_time: seconds until ``one`` was compiled.
-        total_draws: draws of the run's loop.
-        chunk_len: draws per call of the chunk program (a probe's most).
+        one_seconds: seconds ``batch_size=1`` took for the probe draws (the run's own).
+        count: the probe draws.
+        remaining: the run's draws after them.
+        compile_time: seconds until the ``1`` program was compiled and initialised.
+        per_device: chains per device.
+        time: ``batch_size -> seconds`` the same draws from the same state take with
+            that batch size (after compiling it); raises if it cannot be built.
     """
 
-    one: Candidate
-    build: Callable[[int | None], Candidate]
-    advance: Callable[[Candidate, int], Candidate]
+    one_seconds: float
+    count: int
+    remaining: int
     compile_time: float
-    total_draws: int
-    chunk_len: int
+    per_device: int
+    time: Callable[[int | None], float]
 
 
 def _widths(per_device: int) -> tuple[int | None, ...]:
@@ -156,43 +147,37 @@ def _named(width: int | None) -> str:
     return "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
 
 
-def settle(key: tuple, probe: Probe) -> tuple[Choice, Candidate]:
-    """Probes ``1`` against vmaps; returns the choice and the run it chose.
+def settle(key: tuple, probe: Probe) -> Choice:
+    """The batch size the rest of the run samples with (cached under ``key``).
 
-    Probe draws are the run's first draws: the chosen candidate keeps its own, and the
-    run goes on after them. A second width is tried only if the run is long enough to
-    pay for a second compile too.
+    A second width is tried only if the run is long enough to pay for a second compile.
     """
-    span = min(probe.chunk_len, probe.total_draws,
-               max(FIRST_PROBE, round(PROBE_SHARE * probe.total_draws)))  # fmt: skip
-    half = probe.advance(probe.advance(probe.one, 0), span // 2)
-    one = probe.advance(half, span - span // 2)
-    # the second half's pace: the first draws of a warmup misjudge the rest the most
-    estimate = one.seconds + (one.seconds - half.seconds) / (span - span // 2) * (
-        probe.total_draws - span
-    )
+    found, cached = _CHOICES.lookup(key)
+    if found:
+        return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
+    estimate = probe.one_seconds / probe.count * probe.remaining
     extra = VMAP_COMPILE_RATIO * max(probe.compile_time, MIN_COMPILE_S)
     if estimate < WORTH * extra:
         reason = (
-            f"auto: 1, chains one after another (sampling with 1: about {estimate:.2g} s, "
-            f"under {WORTH:g}x the {extra:.2g} s a vmapped program would add to compile)"
+            f"auto: 1, chains one after another (sampling with 1: about {estimate:.2g} s "
+            f"more, under {WORTH:g}x the {extra:.2g} s a vmapped program would add to compile)"
         )
         _CHOICES.put(key, (1, reason))
-        return Choice(1, reason), one
-    runs = {1: one}
+        return Choice(1, reason, timed=True)
+    times: dict[int | None, float] = {1: probe.one_seconds}
     failed = ""
-    for k, width in enumerate(_widths(probe.one.placed.layout.per_device)):
+    for k, width in enumerate(_widths(probe.per_device)):
         if k and estimate < 2 * WORTH * extra:  # a second compile must pay too
             break
         try:
-            runs[width] = probe.advance(probe.advance(probe.build(width), 0), span)
+            times[width] = probe.time(width)
         except Exception as e:  # a kernel that cannot be vmapped still runs with 1
             failed = f"; batch_size={width} failed: {type(e).__name__}: {e}"[:300]
             break
-    best = min(runs, key=lambda b: runs[b].seconds)
-    others = ", ".join(f"{runs[b].seconds:.3g} s with batch_size={b}" for b in runs if b != best)
+    best = min(times, key=lambda b: times[b])
+    others = ", ".join(f"{times[b]:.3g} s with batch_size={b}" for b in times if b != best)
     reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
-             f"({span} probe draws: {runs[best].seconds:.3g} s" \
+             f"({probe.count} probe draws at the first sampling draw: {times[best]:.3g} s" \
              f"{', against ' + others if others else ''}{failed})"  # fmt: skip
     _CHOICES.put(key, (best, reason))
-    return Choice(best, reason), runs[best]
+    return Choice(best, reason, timed=True)

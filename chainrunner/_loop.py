@@ -121,27 +121,29 @@ class LoopResult(NamedTuple):
 
 def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
     """Where the chunks from draw ``first`` start: on the run's grid of ``chunk_len``
-    draws (after a head of probe draws, the first chunk runs up to the grid), so that
-    ``until`` checks fall on the same draws whatever ran before."""
+    draws (after the probe draws of ``batch_size="auto"``, the first chunk runs up to
+    the grid), so that ``until`` checks fall on the same draws whatever ran before."""
     if first >= total:
         return []
     return [first, *range((first // chunk_len + 1) * chunk_len, total, chunk_len)]
 
 
 def run_chunks(
-    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int
-) -> LoopResult:
-    """Runs draws ``first..total_draws-1`` chunk by chunk into ``collector``.
+    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int,
+    last: int | None = None,
+) -> LoopResult:  # fmt: skip
+    """Runs draws ``first..last-1`` (``last``: ``total_draws``) chunk by chunk into ``collector``.
 
     Ctrl-C stops after the chunks already collected; the collector then holds them.
     """
+    end = sched.total_draws if last is None else last
     t0 = time.perf_counter()
     pending = None
     collector.draws_done, collector.state = first, state
     if collector.stop:  # a resumed run that had already converged
         return LoopResult(0.0, False)
     try:
-        for at in _chunk_starts(first, sched.total_draws, sched.chunk_len):
+        for at in _chunk_starts(first, end, sched.chunk_len):
             if pending is not None and collector.check_due(pending[0] + pending[1]):
                 # A convergence check follows the chunk: collect it before starting the
                 # next, which would be thrown away if the check stops the run.
@@ -149,7 +151,7 @@ def run_chunks(
                 pending = None
                 if collector.stop:
                     break
-            count = min(sched.chunk_len - at % sched.chunk_len, sched.total_draws - at)
+            count = min(sched.chunk_len - at % sched.chunk_len, end - at)
             first_step = sched.first_step + at * plan.thinning
             start, valid = chunk_scalars(first_step, count, placed.mesh)
             state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)

@@ -8,17 +8,17 @@
 4. ``place``: mesh, layout, chain ids, key and parameters on the mesh (``_start.place``).
 5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
    then the adapter's cross-chain warmup, where it has one.
-6. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``).
-7. ``settle``: ``batch_size="auto"`` measured on the run where ``place`` left it open
-   (``_choose``): a vmapped candidate placed, initialised, compiled and timed.
-8. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
-   (``_loop.run_chunks``) into the host buffers (``_host.Collector``).
-9. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
+6. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
+   ``warmup_until``: the burn-in windows (``_forget``).
+7. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
+   (``_loop.run_chunks``) into the host buffers (``_host.Collector``). Where ``place``
+   left ``batch_size="auto"`` open, the loop switches at the first sampling draw to
+   the batch size a probe of the run chose (``_switch``, ``_choose``).
+8. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import warnings
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _checks, _choose, _distributed, _forget, _loop, _mesh, _start
+from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start, _switch
 from ._convergence import tail_probs
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
 from ._host import Collector, progress_bar
@@ -49,8 +49,6 @@ class Warm(NamedTuple):
     draws: Any = None
     stats: dict | None = None
     attrs: dict | None = None
-    head: tuple = ()  # loop chunks the batch-size probe ran: (at, count, state after, out)
-    head_time: float = 0.0
 
 
 class Sampled(NamedTuple):
@@ -61,6 +59,8 @@ class Sampled(NamedTuple):
     repaired: list[str]
     sampling_time: float
     interrupted: bool
+    placed: _start.Placement  # the layout sampling ended in (``"auto"`` may switch it)
+    attrs: dict
 
 
 def run(
@@ -211,13 +211,11 @@ def run(
     if warm.kernel is not start.kernel:  # the cross-chain warmup adapted the parameters
         placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
-    placed, loop, init, warm, compile_time = _settle(
-        plan, adapter, start, placed, sched, init, warm, loop, compile_time
-    )
+    compile_time += init.compile_time
     warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
-    sampled = _sample(plan, start, placed, sched, warm, loop)
-    trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled,
-                      compile_time + init.compile_time)  # fmt: skip
+    sampled = _sample(plan, start, placed, sched, warm, loop, compile_time)
+    trace = _assemble(plan, adapter, start, sampled.placed, sched, init, warm, sampled,
+                      compile_time)  # fmt: skip
     _report(plan, start, sched, trace, sampled)
     return trace
 
@@ -309,59 +307,6 @@ def _compile(
     return loop, dt
 
 
-def _settle(
-    plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
-    sched: _loop.Schedule, init: Initialised, warm: Warm, loop: Any, compile_time: float,
-) -> tuple[_start.Placement, Any, Initialised, Warm, float]:  # fmt: skip
-    """``batch_size="auto"``, measured (``_choose.settle``) where ``place`` left it open.
-
-    The wide candidate is a run of its own: placed, initialised and compiled with its
-    batch size, so that a run that chooses it has its draws, bitwise. The probe's draws
-    are the run's first: the chosen candidate's stay in ``Warm.head`` and sampling goes
-    on after them (a ``warmup_until`` burn-in starts from the initial state instead).
-    The seconds spent, less the kept draws', go to ``attrs["batch_size_probe_time"]``.
-    """
-    if not placed.probe:
-        return placed, loop, init, warm, compile_time
-    t0 = time.perf_counter()
-    advance = functools.partial(_advance, plan.thinning, sched)
-
-    def wide(batch_size: int | None) -> _choose.Candidate:
-        p = _start.place(plan, start, _choose.Choice(batch_size, ""), placed.mesh)
-        with warnings.catch_warnings():  # the first initialisation warned already
-            warnings.simplefilter("ignore", ChainrunnerWarning)
-            i, ahead = _initialise(plan, adapter, start, p, sched)
-        w = Warm(start.kernel, i.state)
-        wide_loop, dt = _compile(plan, p, sched, w, ahead)
-        return _choose.Candidate(p, wide_loop, i, w, dt)
-
-    one = _choose.Candidate(placed, loop, init, warm, compile_time)
-    probe = _choose.Probe(one, wide, advance, compile_time + init.compile_time,
-                          sched.total_draws, sched.chunk_len)  # fmt: skip
-    choice, best = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
-    keep = plan.warmup_until is None
-    kept = best.seconds if keep else 0.0
-    attrs = {**(best.warm.attrs or {}),
-             "batch_size_probe_time": time.perf_counter() - t0 - kept}  # fmt: skip
-    warm = best.warm._replace(attrs=attrs, head=best.warm.head if keep else (), head_time=kept)
-    placed = best.placed._replace(batch_choice=choice.reason, probe=False)
-    return placed, best.loop, best.init, warm, best.compile_time
-
-
-def _advance(
-    thinning: int, sched: _loop.Schedule, c: _choose.Candidate, count: int
-) -> _choose.Candidate:  # fmt: skip
-    """``c`` with the run's next ``count`` draws sampled and kept in ``c.warm.head``
-    (``count=0``: the program's first call, untimed and thrown away)."""
-    done = sum(chunk[1] for chunk in c.warm.head)
-    state = c.warm.head[-1][2] if c.warm.head else c.warm.state
-    dt, after, out = _loop.run_chunk(c.loop, state, c.placed, thinning, sched, done, count)
-    if count == 0:
-        return c
-    head = (*c.warm.head, (done, count, after, out))
-    return c._replace(warm=c.warm._replace(head=head), seconds=c.seconds + dt)
-
-
 def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
              sched: _loop.Schedule) -> dict[str, Any]:  # fmt: skip
     """The run's plan and layout: in the trace's attrs, and the checkpoint's identity."""
@@ -422,9 +367,10 @@ def _resume(
 
 def _sample(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any,
+    warm: Warm, loop: Any, compile_time: float,
 ) -> Sampled:  # fmt: skip
-    """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
+    """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``
+    (``batch_size="auto"``: switching to the chosen batch size at the first sampling draw)."""
     total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
@@ -436,19 +382,44 @@ def _sample(
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning + (sched.first_step - start.first_step))
-        go_on = first
-        for at, count, after, out in warm.head:  # the batch-size probe's draws (stage 6a)
-            collector.collect(at, count, after, out)
-            go_on, state = at + count, after
-        result = _loop.run_chunks(loop, state, placed, plan, sched, collector, go_on)
+        looped = _loop_stage(plan, start, placed, sched, warm, loop, collector, state, first,
+                             compile_time)  # fmt: skip
     finally:
         bar.close()
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []
-    interrupted = result.interrupted or stopped
-    sampling_time = result.sampling_time + warm.head_time
-    return Sampled(collector, resumed, repaired, sampling_time, interrupted)
+    interrupted = looped.result.interrupted or stopped
+    return Sampled(collector, resumed, repaired, looped.result.sampling_time, interrupted,
+                   looped.placed, looped.attrs)  # fmt: skip
+
+
+class _Looped(NamedTuple):
+    result: _loop.LoopResult
+    placed: _start.Placement
+    attrs: dict
+
+
+def _loop_stage(
+    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
+    warm: Warm, loop: Any, collector: Collector, state: Any, first: int, compile_time: float,
+) -> _Looped:  # fmt: skip
+    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the first sampling
+    draw, the switch (``_switch.settle``), then the rest with the chosen batch size."""
+    switch_at = sched.warmup_draws if placed.probe else None
+    head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at)
+    if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
+        return _Looped(head, placed._replace(probe=False), {})
+    try:
+        sw = _switch.settle(plan, start, warm.kernel, placed, sched, loop, collector, switch_at,
+                            compile_time)  # fmt: skip
+    except KeyboardInterrupt:  # the draws collected so far come back
+        return _Looped(head._replace(interrupted=True), placed._replace(probe=False), {})
+    rest = _loop.run_chunks(sw.loop, sw.state, sw.placed, plan, sched, collector, sw.at)
+    result = _loop.LoopResult(head.sampling_time + sw.kept_time + rest.sampling_time,
+                              rest.interrupted)  # fmt: skip
+    timed = {} if sw.probe_time is None else {"batch_size_probe_time": sw.probe_time}
+    return _Looped(result, sw.placed, timed)
 
 
 def _flush(ckpt: Any) -> bool:
@@ -497,6 +468,7 @@ def _assemble(
         **({"resumed_from_draw": sampled.resumed_from} if sampled.resumed_from is not None else {}),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
+        **sampled.attrs,
         **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
         **adapter.attrs(),
     }

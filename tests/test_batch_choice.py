@@ -1,4 +1,5 @@
-"""``batch_size="auto"``: chosen per run by a probe, cached, and bitwise a fixed choice."""
+"""``batch_size="auto"``: chosen by a probe at the first sampling draw, cached, and
+bitwise a run of ``batch_size=1`` up to the switch continued with the chosen one."""
 
 import types
 import typing
@@ -21,9 +22,9 @@ NUTS = blackjax.nuts(logdensity, 0.9, jnp.ones(3))
 X0 = jnp.asarray(np.random.default_rng(0).normal(size=(10, 3)), jnp.float32)
 
 
-def run(batch_size="auto", **kw):
-    return cr.run(NUTS, jax.random.key(3), X0, 40, mesh=cr.chain_mesh(4), batch_size=batch_size,
-                  progress=False, warn=False, **kw)  # fmt: skip
+def run(batch_size="auto", num_samples=40, **kw):
+    return cr.run(NUTS, jax.random.key(3), X0, num_samples, mesh=cr.chain_mesh(4),
+                  batch_size=batch_size, progress=False, warn=False, **kw)  # fmt: skip
 
 
 @pytest.fixture
@@ -59,16 +60,25 @@ def probes(monkeypatch):
     _choose.forget()
 
 
-def test_a_probed_vmap_gives_the_draws_of_batch_size_none_and_is_cached(probes):
+def one_then(width, draws, total, **kw):
+    """A run of ``batch_size=1`` for ``draws`` draws, continued with ``width``."""
+    part = run(batch_size=1, num_samples=draws, **kw)
+    rest = cr.run(NUTS, jax.random.key(3), part, total - draws, mesh=cr.chain_mesh(4),
+                  batch_size=width, progress=False, warn=False)  # fmt: skip
+    return np.concatenate([part.draws, rest.draws], 1), rest
+
+
+def test_a_probed_vmap_takes_over_the_run_of_batch_size_one_and_is_cached(probes):
     auto = run()
     a = auto.attrs
     assert a["batch_size"] == "all" and "one vmap" in a["batch_size_choice"], a
     assert a["batch_size_probe_time"] > 0 and probes.vmap_compiles >= 1
-    wide = run(batch_size=None)
-    np.testing.assert_array_equal(auto.draws, wide.draws)  # re-initialised with the vmap
-    for k in auto.stats:
-        np.testing.assert_array_equal(auto.stats[k], wide.stats[k])
-    again = run()  # the same call: the cached choice, no probe, the same draws
+    # 40 draws: 2 probe draws with 1 (the run's own), the rest with the vmap
+    expected, rest = one_then(None, 2, 40)
+    np.testing.assert_array_equal(auto.draws, expected)
+    np.testing.assert_array_equal(auto.final_state.position, rest.final_state.position)
+    assert auto.num_steps == 40 and a["layout"] == rest.attrs["layout"]
+    again = run()  # the same call: the cached choice, no timing, the same draws
     assert "earlier run" in again.attrs["batch_size_choice"]
     assert "batch_size_probe_time" not in again.attrs
     np.testing.assert_array_equal(auto.draws, again.draws)
@@ -85,31 +95,30 @@ def test_a_probed_loop_that_wins_keeps_batch_size_one(probes):
 
 
 @pytest.mark.parametrize("vmap_wins", [True, False])
-def test_the_probe_draws_are_the_runs_first_draws(probes, vmap_wins, monkeypatch):
-    """The winner's probe draws are kept, thinned and split into warmup and draws as the
-    run's; the run goes on after them, with the draws of its batch size given."""
+def test_the_warmup_runs_with_one_and_the_probe_draws_are_the_runs_own(probes, vmap_wins):
+    """Thinned, chunked, warmup kept: the warmup and the probe draws are those of
+    ``batch_size=1``, and the run switches after them."""
     probes.vmap_wins = vmap_wins
-    monkeypatch.setattr(_choose, "PROBE_SHARE", 0.05)
     kw = {"num_warmup": 100, "thinning": 2, "keep_warmup": True, "chunk_size": 7}
-    auto = run(**kw)  # 70 loop draws: 4 probed (in 2 chunks with 1, whose pace is timed)
-    b = auto.attrs["batch_size"]
-    assert b == ("all" if vmap_wins else 1) and "4 probe draws" in auto.attrs["batch_size_choice"]
-    fixed = run(batch_size=None if vmap_wins else 1, **kw)
-    np.testing.assert_array_equal(auto.draws, fixed.draws)
-    np.testing.assert_array_equal(auto.warmup_draws, fixed.warmup_draws)
-    for k in auto.stats:
-        np.testing.assert_array_equal(auto.stats[k], fixed.stats[k])
-    assert auto.num_steps == fixed.num_steps == 140
-    assert auto.attrs["sampling_time"] >= (2.0 if vmap_wins else 4.0)  # the kept draws'
+    auto = run(**kw)  # 50 + 20 loop draws: the probe at loop draw 50, 2 draws
+    assert auto.attrs["batch_size"] == ("all" if vmap_wins else 1)
+    one = run(batch_size=1, **kw)
+    np.testing.assert_array_equal(auto.warmup_draws, one.warmup_draws)
+    np.testing.assert_array_equal(auto.draws[:, :2], one.draws[:, :2])
+    if not vmap_wins:
+        np.testing.assert_array_equal(auto.draws, one.draws)
+    assert auto.num_steps == one.num_steps == 140 and np.all(np.isfinite(auto.draws))
+    assert auto.attrs["sampling_time"] >= 2.0  # the kept probe draws count as sampling
 
 
-def test_probe_draws_before_a_burn_in_are_thrown_away(probes):
-    """``warmup_until`` starts its windows from the initial state, as without a probe."""
-    target = cr.Forgotten(window=4)
-    auto = run(num_warmup=20, warmup_until=target, superchains=2)
-    fixed = run(num_warmup=20, warmup_until=target, superchains=2, batch_size=None)
+def test_after_a_burn_in_the_switch_is_at_the_first_draw(probes):
+    """``warmup_until``: the burn-in windows run with 1, the probe at the first draw."""
+    kw = {"num_warmup": 20, "warmup_until": cr.Forgotten(window=4), "superchains": 2}
+    auto = run(**kw)
+    one = run(batch_size=1, **kw)
     assert auto.attrs["batch_size"] == "all"
-    np.testing.assert_array_equal(auto.draws, fixed.draws)
+    assert auto.attrs["burn_in_steps"] == one.attrs["burn_in_steps"]
+    np.testing.assert_array_equal(auto.draws[:, :2], one.draws[:, :2])
 
 
 def test_a_vmap_that_fails_leaves_the_run_to_batch_size_one(probes):
@@ -131,12 +140,11 @@ def test_continuing_keeps_the_batch_size_and_superchains_follow_the_choice(probe
                   warn=False)  # fmt: skip
     assert rest.attrs["batch_size"] == "all"
     assert rest.attrs["batch_size_choice"] == "auto: all, as the continued trace"
-    long = cr.run(NUTS, jax.random.key(3), X0, 60, mesh=cr.chain_mesh(4), batch_size=None,
-                  superchains=2, progress=False, warn=False)  # fmt: skip
-    np.testing.assert_array_equal(np.concatenate([part.draws, rest.draws], 1), long.draws)
+    expected, _ = one_then(None, 2, 60, superchains=2)
+    np.testing.assert_array_equal(np.concatenate([part.draws, rest.draws], 1), expected)
 
 
-def test_a_numpyro_model_that_initialises_itself_probes_the_same_way(probes):
+def test_a_numpyro_model_with_warmup_switches_after_it(probes):
     import numpyro
     import numpyro.distributions as dist
     from numpyro.infer import NUTS as NumpyroNUTS
@@ -147,11 +155,13 @@ def test_a_numpyro_model_that_initialises_itself_probes_the_same_way(probes):
 
     kernel = cr.from_numpyro(NumpyroNUTS(model), model_args=(np.array([0.5, -0.3, 1.2]),))
     kw = {"num_warmup": 20, "num_chains": 10, "mesh": cr.chain_mesh(4), "progress": False,
-          "warn": False}  # fmt: skip
+          "warn": False, "keep_warmup": True}  # fmt: skip
     auto = cr.run(kernel, jax.random.key(0), None, 20, **kw)
     assert auto.attrs["batch_size"] == "all"
-    wide = cr.run(kernel, jax.random.key(0), None, 20, batch_size=None, **kw)
-    np.testing.assert_array_equal(auto.draws["mu"], wide.draws["mu"])
+    one = cr.run(kernel, jax.random.key(0), None, 20, batch_size=1, **kw)
+    np.testing.assert_array_equal(auto.warmup_draws["mu"], one.warmup_draws["mu"])
+    np.testing.assert_array_equal(auto.draws["mu"][:, :2], one.draws["mu"][:, :2])
+    assert np.all(np.isfinite(auto.draws["mu"]))
 
 
 def test_a_short_run_keeps_batch_size_one_without_compiling_a_vmap(monkeypatch):
@@ -189,48 +199,43 @@ def test_settle_decides_from_the_probe_times():
     """The decision alone, on made-up times (seconds per draw for each batch size)."""
     _choose.forget()
 
-    def layout(per_device):
-        return types.SimpleNamespace(layout=types.SimpleNamespace(per_device=per_device))
-
-    def probe(per_draw, per_device=4, compile_time=2.0, total=1000):
+    def probe(per_draw, per_device=4, compile_time=2.0, remaining=1000, count=10):
         built = []
 
-        def build(width):
+        def time(width):
             built.append(width)
-            return _choose.Candidate(layout(per_device), width, None, None)
+            return count * per_draw[width]
 
-        def advance(candidate, count):
-            return candidate._replace(seconds=candidate.seconds + count * per_draw[candidate.loop])
-
-        one = _choose.Candidate(layout(per_device), 1, None, None)
-        return _choose.Probe(one, build, advance, compile_time, total, 100), built
+        one = count * per_draw[1]
+        return _choose.Probe(one, count, remaining, compile_time, per_device, time), built
 
     # 1000 draws x 1 ms = 1 s of sampling, under 10 x 1.75 x 2 s of compile: stays 1
-    # (the pace of 1: the second half of its 10 probe draws)
     p, built = probe({1: 1e-3, None: 1e-4})
-    choice, best = _choose.settle(("a",), p)
-    assert (choice.batch_size, best.loop, built) == (1, 1, [])
+    choice = _choose.settle(("a",), p)
+    assert (choice.batch_size, built) == (1, [])
     assert "add to compile" in choice.reason
     p, built = probe({1: 0.1, None: 0.05})  # 100 s: probed, the vmap is faster
-    choice, best = _choose.settle(("b",), p)
-    assert (choice.batch_size, best.loop, built) == (None, None, [None])
+    choice = _choose.settle(("b",), p)
+    assert (choice.batch_size, built) == (None, [None])
     assert choice.reason == (
-        "auto: all, one vmap (10 probe draws: 0.5 s, against 1 s with batch_size=1)"
+        "auto: all, one vmap (10 probe draws at the first sampling draw: 0.5 s, against 1 s "
+        "with batch_size=1)"
     )
     assert _choose._CHOICES.lookup(("b",)) == (True, (None, choice.reason))
+    again = _choose.settle(("b",), p)  # cached: no timing
+    assert again.batch_size is None and "earlier run" in again.reason and built == [None]
     p, built = probe({1: 0.1, None: 0.2})  # probed, 1 faster
-    choice, best = _choose.settle(("c",), p)
-    assert (choice.batch_size, best.loop, built) == (1, 1, [None])
+    choice = _choose.settle(("c",), p)
+    assert (choice.batch_size, built) == (1, [None])
     assert "against 2 s with batch_size=None" in choice.reason
     # many chains per device: vmaps of 8 first; one vmap of all too if the run pays for
     # two compiles (100 s of sampling with 1, over 2 x 10 x 1.75 x 2 s)
     p, built = probe({1: 0.1, None: 0.2, 8: 0.05}, per_device=100)
-    choice, best = _choose.settle(("d",), p)
-    assert (choice.batch_size, best.loop, built) == (8, 8, [8, None])
+    assert _choose.settle(("d",), p).batch_size == 8 and built == [8, None]
     p, built = probe({1: 0.1, None: 0.01, 8: 0.05}, per_device=100)
-    assert _choose.settle(("e",), p)[0].batch_size is None and built == [8, None]
+    assert _choose.settle(("e",), p).batch_size is None and built == [8, None]
     p, built = probe({1: 0.05, None: 0.01, 8: 0.02}, per_device=100)  # 50 s: one compile
-    assert _choose.settle(("f",), p)[0].batch_size == 8 and built == [8]
+    assert _choose.settle(("f",), p).batch_size == 8 and built == [8]
     _choose.forget()
 
 
@@ -253,4 +258,4 @@ def test_accelerators_take_one_vmap_and_ensembles_their_width():
 
     assert _choose.choose(Plan(), Start(), Mesh()).batch_size is None
     Plan.batch_size = 3
-    assert _choose.choose(Plan(), Start(), Mesh()) == (3, "given", False)
+    assert _choose.choose(Plan(), Start(), Mesh()) == (3, "given", False, False)

@@ -7,6 +7,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
+import bench_batch_size as b
 import bench_overhead
 
 
@@ -37,3 +38,32 @@ def test_overhead_table_counts_rows_over_target():
     assert "| eight_schools | 8 | 2 | 9 | 1.020 (0.990-1.040) | 1.070 (1.010-1.090) |" in text
     assert "| eight_schools | 8 | 8 | 9 | 1.100 (1.060-1.120) | - |" in text
     assert "2 above 1.05, 1 with the whole interval above 1.05" in text
+
+
+def _grid_row(warm, e2e, floors=True):
+    best_warm, best_e2e = min(warm, key=warm.get), min(e2e, key=e2e.get)
+    w = {"default": warm[best_warm] * 1.01, **warm}
+    floor = min(w["b=1"], w["b=all"]) if floors else float("nan")
+    return {
+        "jax": "0.12", "model": "matmul", "chains": 64, "devices": 2, "chosen": 8,
+        "warm_s": w, "e2e_s": {"default": e2e[best_e2e] * 1.2, **e2e},
+        "best_warm": best_warm, "best_e2e": best_e2e, "warm_vs_best": 1.01,
+        "e2e_vs_best": 1.2, "warm_vs_floor": w["default"] / floor,
+        "b1_warm_vs_floor": w["b=1"] / floor,
+    }  # fmt: skip
+
+
+def test_batch_size_grid_flags_misses_and_rows_without_floors():
+    # b=8 is fastest warm and end to end: one choice meets both targets
+    row = _grid_row({"b=1": 2.0, "b=8": 1.0, "b=all": 1.5}, {"b=1": 9.0, "b=8": 6.0, "b=all": 8.0})
+    assert b.both_reachable(row)
+    # the vmap is faster warm but its compile loses end to end: no one choice meets both
+    torn = _grid_row({"b=1": 2.0, "b=all": 1.0}, {"b=1": 5.0, "b=all": 8.0}, floors=False)
+    assert not b.both_reachable(torn)
+    text = b.table([row, torn])
+    assert "| 0.12 | matmul | 64 | 2 | 8 | 1.01 | 1.20 ✗ | 0.67 | 1.33 | b=8 | b=8 | yes |" in text
+    assert "| 1.01 | 1.20 ✗ | - | - | b=all | b=1 | no |" in text
+    assert b.summary([row, torn]).startswith(
+        "1 of the 2 rows have a fixed `batch_size` that meets both targets; the default meets "
+        "both on 0 of them."
+    )

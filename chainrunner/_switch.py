@@ -1,0 +1,80 @@
+"""Stage 7a: ``batch_size="auto"`` settled at the run's first sampling draw.
+
+A run whose batch size ``place`` left open warms up with ``batch_size=1``. At the first
+sampling draw, ``1`` samples the probe draws (the run's own, collected as a chunk), and
+``_choose.settle`` decides from their pace whether vmapped programs are worth compiling.
+Each one tried samples the same draws from the same state (thrown away: they are the
+same trajectories, only batched differently). The run samples the rest with the
+fastest, its state moved to that batch size's layout: the same chains, keys and step
+numbers, so the draws are those of a run of ``1`` up to the switch continued with the
+chosen batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from . import _choose, _loop, _mesh, _start
+from ._kernel import Kernel
+
+
+class Switched(NamedTuple):
+    """Where the run goes on: placement and chunk program of the chosen batch size, the
+    state in its layout, the draw it goes on from, and the seconds the probe cost (the
+    kept draws not counted) and the kept draws took."""
+
+    placed: _start.Placement
+    loop: Any
+    state: Any
+    at: int
+    probe_time: float | None  # None: a cached choice, nothing timed
+    kept_time: float
+
+
+def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -> Any:
+    """``state`` (padded for ``src``'s layout) padded and placed for ``dst``'s."""
+    if src.layout.padded == dst.layout.padded:
+        return state
+    real = _mesh.unpad(state, n, src.layout.padded, src.mesh)
+    return _mesh.place(_mesh.pad(real, n, dst.layout.padded), dst.mesh)
+
+
+def settle(
+    plan: Any, start: _start.Start, kernel: Kernel, placed: _start.Placement,
+    sched: _loop.Schedule, loop: Any, collector: Any, at: int, compile_time: float,
+) -> Switched:  # fmt: skip
+    """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size."""
+    t0 = time.perf_counter()
+    state, n = collector.state, start.num_chains
+    count = _choose.span(sched.total_draws - at, sched.chunk_len)
+    kept, after, out = _loop.run_chunk(loop, state, placed, plan.thinning, sched, at, count)
+    collector.collect(at, count, after, out)  # the run's own draws
+    built: dict[int | None, tuple[_start.Placement, Any]] = {}
+
+    def build(width: int | None) -> tuple[_start.Placement, Any]:
+        if width not in built:
+            p = _start.place(plan, start, _choose.Choice(width, ""), placed.mesh)
+            like = relayout(state, n, placed, p)
+            built[width] = (p, _loop.compile_loop(kernel, plan, p, sched, like)[0])
+        return built[width]
+
+    def time_width(width: int | None) -> float:
+        p, wide = build(width)
+        moved = relayout(state, n, placed, p)
+        _loop.run_chunk(wide, moved, p, plan.thinning, sched, at, 0)  # first call: untimed
+        return _loop.run_chunk(wide, moved, p, plan.thinning, sched, at, count)[0]
+
+    probe = _choose.Probe(kept, count, sched.total_draws - at - count, compile_time,
+                          placed.layout.per_device, time_width)  # fmt: skip
+    if collector.stop:  # until= met on the probe draws: nothing left to choose for
+        choice = _choose.Choice(1, "auto: 1 (the run stopped at its probe draws)")
+    else:
+        choice = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
+    p, go_on, moved = placed, loop, after
+    if choice.batch_size != 1:
+        p, go_on = build(choice.batch_size)
+        moved = relayout(after, n, placed, p)
+    spent = time.perf_counter() - t0 - kept if choice.timed else None
+    return Switched(p._replace(batch_choice=choice.reason, probe=False), go_on, moved,
+                    at + count, spent, kept)  # fmt: skip
