@@ -6,16 +6,16 @@ the model's step, the chains per device, the device and the JAX version
 (``docs/batch-size.md``), and, for NUTS, on the phase of the run: in the first
 draws of a warmup, trajectory lengths differ the most between chains, and a vmap,
 which waits for the longest, is slowest there. So on CPU devices ``"auto"`` measures
-at the start of sampling:
+in the middle of the warmup (at the first draw of a run without one):
 
 1. ``choose`` (the ``place`` stage): the run starts with ``1``, the program that
    compiles fastest, and is marked for ``settle``.
-2. The warmup runs with ``1``. At the first sampling draw (``_switch``), ``1`` samples
-   the probe draws (the run's own; ``span``), and ``settle`` decides from their pace:
-   if sampling the rest with ``1`` would take less than ``WORTH`` times the compile a
-   vmap adds, ``1`` stays (the compile dominates). Otherwise vmapped programs are
-   compiled and sample the same draws from the same state (thrown away), and the run
-   samples the rest with the fastest, its state moved to that layout.
+2. The first half of the warmup runs with ``1``. Then (``_switch``) ``1`` samples the
+   probe draws (the run's own; ``span``), and ``settle`` decides from their pace: if a
+   vmap's compile would be over ``COST_SHARE`` of the run's end-to-end time with
+   ``1`` (the time so far, and the rest at that pace), ``1`` stays. Otherwise vmapped
+   programs are compiled and sample the same draws from the same state (thrown away),
+   and the run goes on with the fastest, its state moved to that layout.
 
 A continued trace keeps its trace's batch size, and runs whose timing could not be
 repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.
@@ -44,10 +44,10 @@ from ._lru import LRU
 # (docs/batch-size.md, both JAX versions); compile times under a second are noise.
 VMAP_COMPILE_RATIO = 1.75
 MIN_COMPILE_S = 1.0
-# Probe a vmap only if sampling with 1 would take this many times its compile: a probe
-# that finds nothing faster then costs the run at most a tenth more, end to end.
-WORTH = 10.0
-PROBE_SHARE = 0.02  # of the sampling draws (at least FIRST_PROBE, at most a chunk)
+# Probe a vmap only if its compile is at most this share of the run's end-to-end time
+# (so far, and the rest with 1): a probe that finds nothing faster costs at most that.
+COST_SHARE = 0.10
+PROBE_SHARE = 0.02  # of the draws left (at least FIRST_PROBE, at most a chunk)
 FIRST_PROBE = 2
 WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried first
 _CHOICES = LRU(64)
@@ -107,7 +107,7 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
     why_not = _why_no_probe(plan, start)
     if why_not is not None:
         return Choice(1, f"auto: 1, chains one after another on CPU ({why_not})")
-    return Choice(1, "auto: 1 (to be probed at the first sampling draw)", probe=True)
+    return Choice(1, "auto: 1 (to be probed in the middle of the warmup)", probe=True)
 
 
 def span(draws: int, chunk_len: int) -> int:
@@ -116,7 +116,7 @@ def span(draws: int, chunk_len: int) -> int:
 
 
 class Probe(NamedTuple):
-    """What ``settle`` knows of the run at its first sampling draw.
+    """What ``settle`` knows of the run at the probe (the middle of the warmup).
 
     Attributes:
         one_seconds: seconds ``batch_size=1`` took for the probe draws (the run's own).
@@ -126,6 +126,7 @@ class Probe(NamedTuple):
         per_device: chains per device.
         time: ``batch_size -> seconds`` the same draws from the same state take with
             that batch size (after compiling it); raises if it cannot be built.
+        elapsed: seconds the run has taken before the probe (compile, draws).
     """
 
     one_seconds: float
@@ -134,6 +135,7 @@ class Probe(NamedTuple):
     compile_time: float
     per_device: int
     time: Callable[[int | None], float]
+    elapsed: float = 0.0
 
 
 def _widths(per_device: int) -> tuple[int | None, ...]:
@@ -155,19 +157,21 @@ def settle(key: tuple, probe: Probe) -> Choice:
     found, cached = _CHOICES.lookup(key)
     if found:
         return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
-    estimate = probe.one_seconds / probe.count * probe.remaining
+    rest = probe.one_seconds / probe.count * probe.remaining
+    estimate = probe.elapsed + probe.one_seconds + rest  # the run, end to end, with 1
     extra = VMAP_COMPILE_RATIO * max(probe.compile_time, MIN_COMPILE_S)
-    if estimate < WORTH * extra:
+    if extra > COST_SHARE * estimate:
         reason = (
-            f"auto: 1, chains one after another (sampling with 1: about {estimate:.2g} s "
-            f"more, under {WORTH:g}x the {extra:.2g} s a vmapped program would add to compile)"
+            f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end "
+            f"to end; a vmapped program would add {extra:.2g} s to compile, over "
+            f"{COST_SHARE:.0%} of it)"
         )
         _CHOICES.put(key, (1, reason))
         return Choice(1, reason, timed=True)
     times: dict[int | None, float] = {1: probe.one_seconds}
     failed = ""
     for k, width in enumerate(_widths(probe.per_device)):
-        if k and estimate < 2 * WORTH * extra:  # a second compile must pay too
+        if k and 2 * extra > COST_SHARE * estimate:  # both compiles within the share
             break
         try:
             times[width] = probe.time(width)
@@ -177,7 +181,7 @@ def settle(key: tuple, probe: Probe) -> Choice:
     best = min(times, key=lambda b: times[b])
     others = ", ".join(f"{times[b]:.3g} s with batch_size={b}" for b in times if b != best)
     reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
-             f"({probe.count} probe draws at the first sampling draw: {times[best]:.3g} s" \
+             f"({probe.count} probe draws: {times[best]:.3g} s" \
              f"{', against ' + others if others else ''}{failed})"  # fmt: skip
     _CHOICES.put(key, (best, reason))
     return Choice(best, reason, timed=True)

@@ -12,7 +12,7 @@
    ``warmup_until``: the burn-in windows (``_forget``).
 7. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
    (``_loop.run_chunks``) into the host buffers (``_host.Collector``). Where ``place``
-   left ``batch_size="auto"`` open, the loop switches at the first sampling draw to
+   left ``batch_size="auto"`` open, the loop switches in the middle of the warmup to
    the batch size a probe of the run chose (``_switch``, ``_choose``).
 8. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
 """
@@ -370,7 +370,7 @@ def _sample(
     warm: Warm, loop: Any, compile_time: float,
 ) -> Sampled:  # fmt: skip
     """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``
-    (``batch_size="auto"``: switching to the chosen batch size at the first sampling draw)."""
+    (``batch_size="auto"``: switching to the chosen batch size in the middle of the warmup)."""
     total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
@@ -404,15 +404,17 @@ def _loop_stage(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any, collector: Collector, state: Any, first: int, compile_time: float,
 ) -> _Looped:  # fmt: skip
-    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the first sampling
-    draw, the switch (``_switch.settle``), then the rest with the chosen batch size."""
-    switch_at = sched.warmup_draws if placed.probe else None
+    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the middle of the
+    warmup (the first draw without one), the switch (``_switch.settle``), then the rest
+    with the chosen batch size. By the middle of a warmup the trajectory lengths are
+    near those of sampling; its first draws misjudge a vmap (``bench_pace.py``)."""
+    switch_at = sched.warmup_draws // 2 if placed.probe else None
     head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at)
     if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
         return _Looped(head, placed._replace(probe=False), {})
     try:
         sw = _switch.settle(plan, start, warm.kernel, placed, sched, loop, collector, switch_at,
-                            compile_time)  # fmt: skip
+                            compile_time, compile_time + head.sampling_time)  # fmt: skip
     except KeyboardInterrupt:  # the draws collected so far come back
         return _Looped(head._replace(interrupted=True), placed._replace(probe=False), {})
     rest = _loop.run_chunks(sw.loop, sw.state, sw.placed, plan, sched, collector, sw.at)

@@ -1,13 +1,13 @@
-"""Stage 7a: ``batch_size="auto"`` settled at the run's first sampling draw.
+"""Stage 7a: ``batch_size="auto"`` settled in the middle of the run's warmup.
 
-A run whose batch size ``place`` left open warms up with ``batch_size=1``. At the first
-sampling draw, ``1`` samples the probe draws (the run's own, collected as a chunk), and
-``_choose.settle`` decides from their pace whether vmapped programs are worth compiling.
-Each one tried samples the same draws from the same state (thrown away: they are the
-same trajectories, only batched differently). The run samples the rest with the
-fastest, its state moved to that batch size's layout: the same chains, keys and step
-numbers, so the draws are those of a run of ``1`` up to the switch continued with the
-chosen batch size.
+A run whose batch size ``place`` left open starts with ``batch_size=1``. In the middle
+of its warmup (at its first draw, without one), ``1`` samples the probe draws (the
+run's own, collected as a chunk), and ``_choose.settle`` decides from their pace
+whether vmapped programs are worth compiling. Each one tried samples the same draws
+from the same state (thrown away: they are the same trajectories, only batched
+differently). The run goes on with the fastest, its state moved to that batch size's
+layout: the same chains, keys and step numbers, so the draws are those of a run of
+``1`` up to the switch continued with the chosen batch size.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -
 def settle(
     plan: Any, start: _start.Start, kernel: Kernel, placed: _start.Placement,
     sched: _loop.Schedule, loop: Any, collector: Any, at: int, compile_time: float,
+    elapsed: float,
 ) -> Switched:  # fmt: skip
     """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size."""
     t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def settle(
         return _loop.run_chunk(wide, moved, p, plan.thinning, sched, at, count)[0]
 
     probe = _choose.Probe(kept, count, sched.total_draws - at - count, compile_time,
-                          placed.layout.per_device, time_width)  # fmt: skip
+                          placed.layout.per_device, time_width, elapsed)  # fmt: skip
     if collector.stop:  # until= met on the probe draws: nothing left to choose for
         choice = _choose.Choice(1, "auto: 1 (the run stopped at its probe draws)")
     else:
