@@ -124,8 +124,9 @@ def run(
         batch_size: chains advanced together on one device (``lax.map`` over batches
             of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
             a device's chains in one ``vmap``; ``"auto"`` (the default): ``None`` on
-            GPU/TPU; on CPU ``1``, or a ``vmap`` where a timed probe of the run finds
-            it faster and the run long enough to pay its compile (``docs/batch-size.md``).
+            GPU/TPU; on CPU ``1``, switched in the middle of the warmup to a ``vmap``
+            where a timed probe there finds it faster and the run long enough to pay its
+            compile (``docs/batch-size.md``).
             The choice and its reason are in ``attrs["batch_size_choice"]``; pin
             ``batch_size`` for the same draws on machines whose choices differ.
         chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
@@ -395,6 +396,8 @@ def _sample(
 
 
 class _Looped(NamedTuple):
+    """What the loop stage did, the layout it ended in, and its attrs (the probe's cost)."""
+
     result: _loop.LoopResult
     placed: _start.Placement
     attrs: dict

@@ -109,7 +109,8 @@ class Placement(NamedTuple):
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
-        probe: ``batch_size="auto"`` is still to be measured (``_choose.settle``).
+        probe: ``batch_size="auto"`` is still to be measured (``_switch.settle``, in the
+            middle of the warmup).
     """
 
     mesh: Mesh

@@ -51,18 +51,18 @@ def settle(
     count = _choose.span(sched.total_draws - at, sched.chunk_len)
     kept, after, out = _loop.run_chunk(loop, state, placed, plan.thinning, sched, at, count)
     collector.collect(at, count, after, out)  # the run's own draws
-    built: dict[int | None, tuple[_start.Placement, Any]] = {}
+    built: dict[int | None, tuple[_start.Placement, Any, Any]] = {}
 
-    def build(width: int | None) -> tuple[_start.Placement, Any]:
+    def build(width: int | None) -> tuple[_start.Placement, Any, Any]:
+        """Placement, compiled chunk program and the probe's start state for ``width``."""
         if width not in built:
             p = _start.place(plan, start, _choose.Choice(width, ""), placed.mesh)
-            like = relayout(state, n, placed, p)
-            built[width] = (p, _loop.compile_loop(kernel, plan, p, sched, like)[0])
+            moved = relayout(state, n, placed, p)
+            built[width] = (p, _loop.compile_loop(kernel, plan, p, sched, moved)[0], moved)
         return built[width]
 
     def time_width(width: int | None) -> float:
-        p, wide = build(width)
-        moved = relayout(state, n, placed, p)
+        p, wide, moved = build(width)
         _loop.run_chunk(wide, moved, p, plan.thinning, sched, at, 0)  # first call: untimed
         return _loop.run_chunk(wide, moved, p, plan.thinning, sched, at, count)[0]
 
@@ -74,7 +74,7 @@ def settle(
         choice = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
     p, go_on, moved = placed, loop, after
     if choice.batch_size != 1:
-        p, go_on = build(choice.batch_size)
+        p, go_on, _ = build(choice.batch_size)
         moved = relayout(after, n, placed, p)
     spent = time.perf_counter() - t0 - kept if choice.timed else None
     return Switched(p._replace(batch_choice=choice.reason, probe=False), go_on, moved,
