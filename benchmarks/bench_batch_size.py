@@ -5,7 +5,8 @@ each), every row runs numpyro's NUTS with its adaptation through
 
 - ``default``: ``cr.run`` as a user calls it (``batch_size="auto"``);
 - ``b=1``, ``b=8``, ``b=all``: ``cr.run`` with that ``batch_size`` (``b=8`` only where a
-  device holds more than 8 chains; ``b=all`` is ``batch_size=None``);
+  device holds more than 8 chains; ``b=all`` is ``batch_size=None``, with one chain per
+  device a vmap of one);
 - ``floor[vmap]``: the hand-written ``jit(shard_map(vmap(scan)))``;
 - ``floor[map]``: the hand-written ``jit(shard_map(lax.map(scan)))``, chains one after
   another.
@@ -83,8 +84,7 @@ def methods_for(chains, ndev, floors=True):
     out = ["default", "b=1"]
     if per > 8:
         out.append("b=8")
-    if per > 1:
-        out.append("b=all")
+    out.append("b=all")  # with one chain per device: a vmap of one (b=1 is not vmapped)
     return [*out, "floor[vmap]", "floor[map]"] if floors else out
 
 

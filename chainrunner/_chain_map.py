@@ -61,7 +61,7 @@ def chain_map(
         n = leading_size(args, "args", "chain_map")
         m = mesh if mesh is not None else _mesh.chain_mesh()
         _distributed.check_mesh_spans_processes(m, "chain_map")
-        layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m)[0])
+        layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m, n)[0])
         key = (m, len(args), layout.batch_size)
         if key not in compiled:
             local = _mesh.local_map(lambda a: fn(*a), layout.batch_size)

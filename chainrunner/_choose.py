@@ -29,7 +29,6 @@ the same batch size without timing, and gives the same draws. Accelerators take 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -98,9 +97,7 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
     if start.kernel.ensemble is not None:
         return Choice(*_ensemble.auto_width(n))
     if mesh.devices.flat[0].platform != "cpu":  # accelerators: one vmap
-        return Choice(*_mesh.auto_batch_size("auto", mesh))
-    if math.ceil(n / mesh.shape[_mesh.AXIS]) == 1:
-        return Choice(1, "auto: one chain per device")
+        return Choice(*_mesh.auto_batch_size("auto", mesh, n))
     if start.previous_batch_size is not None:  # continuing: one longer run's layout
         b = None if start.previous_batch_size == "all" else int(start.previous_batch_size)
         return Choice(b, f"auto: {start.previous_batch_size}, as the continued trace")
@@ -139,9 +136,10 @@ class Probe(NamedTuple):
 
 
 def _widths(per_device: int) -> tuple[int | None, ...]:
-    """The batch sizes tried against ``1``, in order: one vmap over a device's chains;
-    with more than ``WIDEST``, vmaps of ``WIDEST`` first (their trajectories wait for
-    fewer others: faster on 21 of the 32 such rows of the grid), then one vmap of all."""
+    """The batch sizes tried against ``1``, in order: one vmap over a device's chains
+    (with one chain per device, a vmap of one: XLA may lay its step out better); with
+    more than ``WIDEST``, vmaps of ``WIDEST`` first (their trajectories wait for fewer
+    others: faster on 21 of the 32 such rows of the grid), then one vmap of all."""
     return (None,) if per_device <= WIDEST else (WIDEST, None)
 
 

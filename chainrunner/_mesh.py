@@ -150,7 +150,9 @@ class Layout:
         )
 
 
-def auto_batch_size(batch_size: int | str | None, mesh: Mesh) -> tuple[int | None, str]:
+def auto_batch_size(
+    batch_size: int | str | None, mesh: Mesh, num_chains: int
+) -> tuple[int | None, str]:
     """Resolves ``batch_size="auto"`` by a fixed rule; returns the batch size and why.
 
     ``cr.chain_map``'s rule (``run`` measures instead, see ``_choose``):
@@ -159,7 +161,8 @@ def auto_batch_size(batch_size: int | str | None, mesh: Mesh) -> tuple[int | Non
       ``vmap``: a ``vmap`` turns a function's loops into loops until the slowest chain
       of the batch is done, and compiles about twice as long (``docs/batch-size.md``).
     - **Accelerators (GPU, TPU): None.** One ``vmap`` over a device's chains: the width
-      is what keeps an accelerator busy.
+      is what keeps an accelerator busy. With one chain per device there is nothing to
+      batch: 1, the pmap recipe's unbatched chain.
 
     Any other value is returned unchanged.
     """
@@ -168,6 +171,8 @@ def auto_batch_size(batch_size: int | str | None, mesh: Mesh) -> tuple[int | Non
     platform = mesh.devices.flat[0].platform
     if platform == "cpu":
         return 1, "auto: 1 on CPU devices (chains one after another, no vmap)"
+    if math.ceil(num_chains / mesh.shape[AXIS]) == 1:
+        return 1, f"auto: one chain per device on {platform}, not vmapped"
     return None, f"auto: one vmap over a device's chains on {platform}"
 
 
@@ -176,10 +181,11 @@ def make_layout(num_chains: int, mesh: Mesh, batch_size: int | None) -> Layout:
 
     A ``batch_size`` of at least the chains per device is one ``vmap`` over them
     (``batch_size=None``), so a large ``batch_size`` never adds padded chains.
+    ``batch_size=1`` stays 1 (no ``vmap``) even with one chain per device.
     """
     d = mesh.shape[AXIS]
     local = math.ceil(num_chains / d)
-    if batch_size is None or batch_size >= local:
+    if batch_size is None or (batch_size != 1 and batch_size >= local):
         b = None  # one batch holding every local chain is a plain vmap
         per_device = local
     else:
@@ -247,16 +253,19 @@ def _slicer(n: int, sharding: NamedSharding) -> Callable:
 def local_map(fn: Callable, batch_size: int | None) -> Callable:
     """Maps ``fn`` over the chains held by one device.
 
-    ``batch_size=None`` is one ``vmap`` over all local chains; otherwise ``lax.map``
-    with that batch size (a sequential loop over vmapped batches). A batch of one chain
-    is not vmapped at all: a plain loop over the chains, whose while loops (NUTS's tree
-    building) stay unbatched. That compiles to about half the code of a vmapped loop
-    and never advances a chain in lockstep with another.
+    ``batch_size=1`` is not vmapped at all: a plain loop over the chains, whose while
+    loops (NUTS's tree building) stay unbatched. That compiles to about half the code of
+    a vmapped loop and never advances a chain in lockstep with another. Every other
+    batch size vmaps: ``None`` (or one at least the local chains) is one ``vmap`` over
+    them, even a single chain; otherwise ``lax.map`` with that batch size (a sequential
+    loop over vmapped batches). A ``vmap`` of one chain is the same computation batched,
+    and XLA may lay it out differently: it sampled a model whose step is a matrix
+    product 1.6x faster on CPU (``docs/batch-size.md``).
     """
 
     def mapped(xs: Any) -> Any:
         width = jax.tree.leaves(xs)[0].shape[0]
-        if batch_size == 1 or width == 1:
+        if batch_size == 1:
             return jax.lax.map(fn, xs)
         if batch_size is None or batch_size >= width:
             return jax.vmap(fn)(xs)

@@ -183,16 +183,36 @@ def test_a_short_run_keeps_batch_size_one_without_compiling_a_vmap(monkeypatch):
 
 
 def test_no_probe_where_a_timing_could_not_be_repeated(probes, tmp_path):
-    """Checkpoints (a resume must find the layout) and one chain per device: no probe."""
+    """Checkpoints (a resume must find the layout) and a given batch size: no probe."""
     ckpt = run(checkpoint=str(tmp_path / "c"))
     assert ckpt.attrs["batch_size"] == 1 and "checkpoint" in ckpt.attrs["batch_size_choice"]
-    one_each = cr.run(NUTS, jax.random.key(3), X0[:4], 40, mesh=cr.chain_mesh(4),
-                      progress=False, warn=False)  # fmt: skip
-    assert one_each.attrs["batch_size_choice"] == "auto: one chain per device"
     given = run(batch_size=2)
     assert given.attrs["batch_size_choice"] == "given"
-    for trace in (ckpt, one_each, given):
+    for trace in (ckpt, given):
         assert "batch_size_probe_time" not in trace.attrs
+
+
+def test_one_chain_per_device_probes_a_vmap_of_one(probes):
+    """With one chain per device the candidate is a ``vmap`` of that chain (XLA may lay
+    its step out better than the plain loop's); ``batch_size=1`` stays unbatched."""
+    four = X0[:4]
+
+    def one_each(batch_size="auto", num_samples=40, start=four):
+        return cr.run(NUTS, jax.random.key(3), start, num_samples, mesh=cr.chain_mesh(4),
+                      batch_size=batch_size, progress=False, warn=False)  # fmt: skip
+
+    auto = one_each()
+    assert auto.attrs["batch_size"] == "all" and "one vmap" in auto.attrs["batch_size_choice"]
+    assert auto.attrs["chains_per_device"] == 1 and probes.vmap_compiles >= 1
+    part = one_each(batch_size=1, num_samples=2)
+    assert part.attrs["batch_size"] == 1  # 1 stays 1 with one chain per device
+    rest = one_each(batch_size=None, num_samples=38, start=part)
+    np.testing.assert_array_equal(auto.draws, np.concatenate([part.draws, rest.draws], 1))
+    probes.vmap_wins = False
+    _choose.forget()
+    kept = one_each()
+    assert kept.attrs["batch_size"] == 1
+    np.testing.assert_array_equal(kept.draws, one_each(batch_size=1).draws)
 
 
 def test_settle_decides_from_the_probe_times():

@@ -336,12 +336,17 @@ def test_auto_batch_size_is_one_for_a_short_cpu_run_and_a_vmap_on_accelerators()
         platform = "gpu"
 
     class Mesh:
-        devices = np.array([Device()])
+        devices = np.array([Device(), Device()])
+        shape = {"chain": 2}
 
     from chainrunner import _mesh
 
-    assert _mesh.auto_batch_size("auto", Mesh())[0] is None
-    assert _mesh.auto_batch_size(3, Mesh()) == (3, "given")
+    assert _mesh.auto_batch_size("auto", Mesh(), 3)[0] is None
+    assert _mesh.auto_batch_size("auto", Mesh(), 2) == (
+        1,
+        "auto: one chain per device on gpu, not vmapped",
+    )
+    assert _mesh.auto_batch_size(3, Mesh(), 3) == (3, "given")
     out = cr.chain_map(lambda x: 2 * x, mesh=cr.chain_mesh(2), batch_size="auto")(jnp.ones(5))
     np.testing.assert_array_equal(out, 2 * np.ones(5))
     with pytest.raises(TypeError, match="batch_size must be an int >= 1, None or 'auto'"):
