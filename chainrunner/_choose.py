@@ -10,12 +10,14 @@ in the middle of the warmup (at the first draw of a run without one):
 
 1. ``choose`` (the ``place`` stage): the run starts with ``1``, the program that
    compiles fastest, and is marked for ``settle``.
-2. The first half of the warmup runs with ``1``. Then (``_switch``) ``1`` samples the
-   probe draws (the run's own; ``span``), and ``settle`` decides from their pace: if a
-   vmap's compile would be over ``COST_SHARE`` of the run's end-to-end time with
-   ``1`` (the time so far, and the rest at that pace), ``1`` stays. Otherwise vmapped
-   programs are compiled and sample the same draws from the same state (thrown away),
-   and the run goes on with the fastest, its state moved to that layout.
+2. The first half of the warmup runs with ``1`` (with one chain per device, whose
+   candidate is a vmap of one, none of it: ``_switch.switch_point``). Then
+   (``_switch``) ``1`` samples the probe draws (the run's own; ``span``), and
+   ``settle`` decides from their pace: if a vmap's compile would be over
+   ``COST_SHARE`` of the run's end-to-end time with ``1`` (the time so far, and the
+   rest at that pace), ``1`` stays. Otherwise vmapped programs are compiled and sample
+   the same draws from the same state (thrown away), and the run goes on with the
+   fastest, its state moved to that layout.
 
 A continued trace keeps its trace's batch size, and runs whose timing could not be
 repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.

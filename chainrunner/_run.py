@@ -123,10 +123,10 @@ def run(
             ``min(num_chains, len(jax.devices()))`` devices.
         batch_size: chains advanced together on one device (``lax.map`` over batches
             of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
-            a device's chains in one ``vmap``; ``"auto"`` (the default): ``None`` on
-            GPU/TPU; on CPU ``1``, switched in the middle of the warmup to a ``vmap``
-            where a timed probe there finds it faster and the run long enough to pay its
-            compile (``docs/batch-size.md``).
+            a device's chains in one ``vmap`` (even one chain); ``"auto"`` (the default):
+            ``None`` on GPU/TPU (1 with one chain per device); on CPU ``1``, switched in
+            the middle of the warmup to a ``vmap`` where a timed probe there finds it
+            faster and the run long enough to pay its compile (``docs/batch-size.md``).
             The choice and its reason are in ``attrs["batch_size_choice"]``; pin
             ``batch_size`` for the same draws on machines whose choices differ.
         chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
@@ -407,11 +407,10 @@ def _loop_stage(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any, collector: Collector, state: Any, first: int, compile_time: float,
 ) -> _Looped:  # fmt: skip
-    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the middle of the
-    warmup (the first draw without one), the switch (``_switch.settle``), then the rest
-    with the chosen batch size. By the middle of a warmup the trajectory lengths are
-    near those of sampling; its first draws misjudge a vmap (``bench_pace.py``)."""
-    switch_at = sched.warmup_draws // 2 if placed.probe else None
+    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the switch
+    (``_switch.switch_point``: the middle of the warmup), the switch
+    (``_switch.settle``), then the rest with the chosen batch size."""
+    switch_at = _switch.switch_point(sched, placed) if placed.probe else None
     head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at)
     if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
         return _Looped(head, placed._replace(probe=False), {})

@@ -1,7 +1,8 @@
 """Stage 7a: ``batch_size="auto"`` settled in the middle of the run's warmup.
 
 A run whose batch size ``place`` left open starts with ``batch_size=1``. In the middle
-of its warmup (at its first draw, without one), ``1`` samples the probe draws (the
+of its warmup (at its first draw, without one or with one chain per device:
+``switch_point``), ``1`` samples the probe draws (the
 run's own, collected as a chunk), and ``_choose.settle`` decides from their pace
 whether vmapped programs are worth compiling. Each one tried samples the same draws
 from the same state (thrown away: they are the same trajectories, only batched
@@ -30,6 +31,19 @@ class Switched(NamedTuple):
     at: int
     probe_time: float | None  # None: a cached choice, nothing timed
     kept_time: float
+
+
+def switch_point(sched: _loop.Schedule, placed: _start.Placement) -> int:
+    """The loop draw where ``auto`` probes: the middle of the warmup (the first draw of a
+    run without one). By then NUTS's trajectory lengths are near those of sampling; in
+    its first draws they differ the most between chains, and a vmap, which waits for
+    the longest, is slowest there (``bench_pace.py``). With one chain per device the
+    candidate is a vmap of that one chain, which waits for no other: the same
+    trajectories at a pace relative to ``1`` that does not change with the phase, so
+    it is probed at the first draw and the whole run gains."""
+    if placed.layout.per_device == 1:
+        return 0
+    return sched.warmup_draws // 2
 
 
 def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -> Any:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _choose, _loop
+from chainrunner import _choose, _loop, _switch
 
 
 def logdensity(x):
@@ -192,14 +192,14 @@ def test_no_probe_where_a_timing_could_not_be_repeated(probes, tmp_path):
         assert "batch_size_probe_time" not in trace.attrs
 
 
-def test_one_chain_per_device_probes_a_vmap_of_one(probes):
+def test_one_chain_per_device_probes_a_vmap_of_one(probes, monkeypatch):
     """With one chain per device the candidate is a ``vmap`` of that chain (XLA may lay
     its step out better than the plain loop's); ``batch_size=1`` stays unbatched."""
     four = X0[:4]
 
-    def one_each(batch_size="auto", num_samples=40, start=four):
+    def one_each(batch_size="auto", num_samples=40, start=four, **kw):
         return cr.run(NUTS, jax.random.key(3), start, num_samples, mesh=cr.chain_mesh(4),
-                      batch_size=batch_size, progress=False, warn=False)  # fmt: skip
+                      batch_size=batch_size, progress=False, warn=False, **kw)  # fmt: skip
 
     auto = one_each()
     assert auto.attrs["batch_size"] == "all" and "one vmap" in auto.attrs["batch_size_choice"]
@@ -208,6 +208,17 @@ def test_one_chain_per_device_probes_a_vmap_of_one(probes):
     assert part.attrs["batch_size"] == 1  # 1 stays 1 with one chain per device
     rest = one_each(batch_size=None, num_samples=38, start=part)
     np.testing.assert_array_equal(auto.draws, np.concatenate([part.draws, rest.draws], 1))
+    at = []
+    real_settle = _switch.settle
+
+    def settle(*args):
+        at.append(args[7])  # the loop draw it probes at
+        return real_settle(*args)
+
+    monkeypatch.setattr(_switch, "settle", settle)
+    _choose.forget()
+    one_each(num_warmup=20)  # a vmap of one waits for no chain: probed at draw 0
+    assert at == [0]
     probes.vmap_wins = False
     _choose.forget()
     kept = one_each()

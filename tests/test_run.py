@@ -2,6 +2,7 @@
 
 import logging
 import threading
+import types
 
 import blackjax
 import jax
@@ -337,7 +338,7 @@ def test_auto_batch_size_is_one_for_a_short_cpu_run_and_a_vmap_on_accelerators()
 
     class Mesh:
         devices = np.array([Device(), Device()])
-        shape = {"chain": 2}
+        shape = types.MappingProxyType({"chain": 2})
 
     from chainrunner import _mesh
 
