@@ -6,13 +6,15 @@ the model's step, the chains per device, the device and the JAX version
 (``docs/batch-size.md``), and, for NUTS, on the phase of the run: in the first
 draws of a warmup, trajectory lengths differ the most between chains, and a vmap,
 which waits for the longest, is slowest there. So on CPU devices ``"auto"`` measures
-in the middle of the warmup (at the first draw of a run without one):
+in the middle of the warmup, at a chunk boundary (at the first draw of a run without
+one; with one chain per device at the first boundary, ``_switch.switch_point``):
 
 1. ``choose`` (the ``place`` stage): the run starts with ``1``, the program that
    compiles fastest, and is marked for ``settle``.
 2. The first half of the warmup runs with ``1`` (with one chain per device, whose
-   candidate is a vmap of one, none of it: ``_switch.switch_point``). Then
-   (``_switch``) ``1`` samples the probe draws (the run's own; ``span``), and
+   candidate is a vmap of one, the first chunk). Then (``_switch``) ``without_probe``
+   keeps ``1`` where the pace of those draws already says a vmap's compile does not
+   pay; otherwise ``1`` samples the probe draws (the run's own; ``span``), and
    ``settle`` decides from their pace: if a vmap's compile would be over
    ``COST_SHARE`` of the run's end-to-end time with ``1`` (the time so far, and the
    rest at that pace), ``1`` stays. Otherwise vmapped programs are compiled and sample
@@ -48,6 +50,9 @@ MIN_COMPILE_S = 1.0
 # Probe a vmap only if its compile is at most this share of the run's end-to-end time
 # (so far, and the rest with 1): a probe that finds nothing faster costs at most that.
 COST_SHARE = 0.10
+# Without a probe, 1 stays where the pace of the draws before the switch says a vmap's
+# compile is over EARLY_MARGIN x COST_SHARE of the run (that pace is the less certain).
+EARLY_MARGIN = 2.0
 PROBE_SHARE = 0.02  # of the draws left (at least FIRST_PROBE, at most a chunk)
 FIRST_PROBE = 2
 WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried first
@@ -149,6 +154,40 @@ def _named(width: int | None) -> str:
     return "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
 
 
+def _compile_cost(compile_time: float) -> float:
+    """Seconds a vmapped program would take to compile, from the ``1`` program's."""
+    return VMAP_COMPILE_RATIO * max(compile_time, MIN_COMPILE_S)
+
+
+def without_probe(
+    key: tuple, pace: float | None, remaining: int, elapsed: float, compile_time: float
+) -> Choice | None:
+    """``1`` without a probe, or ``None`` (probe).
+
+    A cached ``1`` stays (its draws are ``1``'s, however the earlier run was chunked). A
+    run whose draws so far (``pace`` seconds each, ``None``: none yet) say that a
+    vmap's compile is over ``EARLY_MARGIN`` times ``COST_SHARE`` of its end-to-end time
+    keeps ``1`` (cached): its chunks are then those of ``batch_size=1``.
+    """
+    found, cached = _CHOICES.lookup(key)
+    if found:
+        return Choice(1, f"{cached[1]} (measured by an earlier run of this program)") \
+            if cached[0] == 1 else None  # fmt: skip
+    if pace is None:
+        return None
+    estimate = elapsed + pace * remaining
+    extra = _compile_cost(compile_time)
+    if extra <= EARLY_MARGIN * COST_SHARE * estimate:
+        return None
+    reason = (
+        f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end to "
+        f"end at the pace of its draws so far; a vmapped program would add {extra:.2g} s to "
+        f"compile, over {EARLY_MARGIN * COST_SHARE:.0%} of it)"
+    )
+    _CHOICES.put(key, (1, reason))
+    return Choice(1, reason)
+
+
 def settle(key: tuple, probe: Probe) -> Choice:
     """The batch size the rest of the run samples with (cached under ``key``).
 
@@ -159,7 +198,7 @@ def settle(key: tuple, probe: Probe) -> Choice:
         return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
     rest = probe.one_seconds / probe.count * probe.remaining
     estimate = probe.elapsed + probe.one_seconds + rest  # the run, end to end, with 1
-    extra = VMAP_COMPILE_RATIO * max(probe.compile_time, MIN_COMPILE_S)
+    extra = _compile_cost(probe.compile_time)
     if extra > COST_SHARE * estimate:
         reason = (
             f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end "

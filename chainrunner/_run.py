@@ -413,10 +413,11 @@ def _loop_stage(
     switch_at = _switch.switch_point(sched, placed) if placed.probe else None
     head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at)
     if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
-        return _Looped(head, placed._replace(probe=False), {})
+        return _Looped(head, _unprobed(placed, switch_at, sched), {})
     try:
+        pace = head.sampling_time / (switch_at - first) if switch_at > first else None
         sw = _switch.settle(plan, start, warm.kernel, placed, sched, loop, collector, switch_at,
-                            compile_time, compile_time + head.sampling_time)  # fmt: skip
+                            compile_time, compile_time + head.sampling_time, pace)  # fmt: skip
     except KeyboardInterrupt:  # the draws collected so far come back
         return _Looped(head._replace(interrupted=True), placed._replace(probe=False), {})
     rest = _loop.run_chunks(sw.loop, sw.state, sw.placed, plan, sched, collector, sw.at)
@@ -424,6 +425,17 @@ def _loop_stage(
                               rest.interrupted)  # fmt: skip
     timed = {} if sw.probe_time is None else {"batch_size_probe_time": sw.probe_time}
     return _Looped(result, sw.placed, timed)
+
+
+def _unprobed(placed: _start.Placement, switch_at: int | None, sched: _loop.Schedule) -> Any:
+    """The placement of a run that ended without reaching its switch."""
+    if switch_at is not None and switch_at >= sched.total_draws:
+        why = (
+            "auto: 1, chains one after another (not probed: the run is over before its "
+            f"switch point, the chunk boundary at draw {switch_at})"
+        )
+        placed = placed._replace(batch_choice=why)
+    return placed._replace(probe=False)
 
 
 def _flush(ckpt: Any) -> bool:

@@ -40,10 +40,14 @@ def switch_point(sched: _loop.Schedule, placed: _start.Placement) -> int:
     the longest, is slowest there (``bench_pace.py``). With one chain per device the
     candidate is a vmap of that one chain, which waits for no other: the same
     trajectories at a pace relative to ``1`` that does not change with the phase, so
-    it is probed at the first draw and the whole run gains."""
-    if placed.layout.per_device == 1:
-        return 0
-    return sched.warmup_draws // 2
+    it is probed at once and the whole run gains.
+
+    The switch comes at the first chunk boundary at or after that draw: where ``1``
+    stays, the run's chunks are then those of ``batch_size=1`` (each boundary costs a
+    short run a few milliseconds), and a run of one chunk is not probed at all.
+    """
+    target = 1 if placed.layout.per_device == 1 else sched.warmup_draws // 2
+    return -(-target // sched.chunk_len) * sched.chunk_len
 
 
 def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -> Any:
@@ -57,9 +61,18 @@ def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -
 def settle(
     plan: Any, start: _start.Start, kernel: Kernel, placed: _start.Placement,
     sched: _loop.Schedule, loop: Any, collector: Any, at: int, compile_time: float,
-    elapsed: float,
+    elapsed: float, pace: float | None,
 ) -> Switched:  # fmt: skip
-    """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size."""
+    """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size.
+
+    ``pace``: seconds per draw of the draws before ``at`` (``None``: none ran); where it
+    already says a vmap's compile does not pay, ``1`` stays without a probe.
+    """
+    key = _choose.cache_key(plan, start, placed.mesh)
+    early = _choose.without_probe(key, pace, sched.total_draws - at, elapsed, compile_time)
+    if early is not None:
+        return Switched(placed._replace(batch_choice=early.reason, probe=False), loop,
+                        collector.state, at, None, 0.0)  # fmt: skip
     t0 = time.perf_counter()
     state, n = collector.state, start.num_chains
     count = _choose.span(sched.total_draws - at, sched.chunk_len)
@@ -85,7 +98,7 @@ def settle(
     if collector.stop:  # until= met on the probe draws: nothing left to choose for
         choice = _choose.Choice(1, "auto: 1 (the run stopped at its probe draws)")
     else:
-        choice = _choose.settle(_choose.cache_key(plan, start, placed.mesh), probe)
+        choice = _choose.settle(key, probe)
     p, go_on, moved = placed, loop, after
     if choice.batch_size != 1:
         p, go_on, _ = build(choice.batch_size)

@@ -100,10 +100,10 @@ def test_half_the_warmup_runs_with_one_and_the_probe_draws_are_the_runs_own(prob
     are those of ``batch_size=1``, and the run switches after them."""
     probes.vmap_wins = vmap_wins
     kw = {"num_warmup": 100, "thinning": 2, "keep_warmup": True, "chunk_size": 7}
-    auto = run(**kw)  # 50 + 20 loop draws: the probe at loop draw 25, 2 draws
+    auto = run(**kw)  # 50 + 20 loop draws: the probe at the chunk boundary 28, 2 draws
     assert auto.attrs["batch_size"] == ("all" if vmap_wins else 1)
     one = run(batch_size=1, **kw)
-    np.testing.assert_array_equal(auto.warmup_draws[:, :27], one.warmup_draws[:, :27])
+    np.testing.assert_array_equal(auto.warmup_draws[:, :30], one.warmup_draws[:, :30])
     if not vmap_wins:
         np.testing.assert_array_equal(auto.warmup_draws, one.warmup_draws)
         np.testing.assert_array_equal(auto.draws, one.draws)
@@ -155,11 +155,11 @@ def test_a_numpyro_model_switches_in_the_middle_of_its_warmup(probes):
 
     kernel = cr.from_numpyro(NumpyroNUTS(model), model_args=(np.array([0.5, -0.3, 1.2]),))
     kw = {"num_warmup": 20, "num_chains": 10, "mesh": cr.chain_mesh(4), "progress": False,
-          "warn": False, "keep_warmup": True}  # fmt: skip
+          "warn": False, "keep_warmup": True, "chunk_size": 5}  # fmt: skip
     auto = cr.run(kernel, jax.random.key(0), None, 20, **kw)
     assert auto.attrs["batch_size"] == "all"
     one = cr.run(kernel, jax.random.key(0), None, 20, batch_size=1, **kw)
-    # warmup 20: the probe at draw 10 (2 of the 30 draws left)
+    # warmup 20, chunks of 5: the probe at draw 10 (2 of the 30 draws left)
     np.testing.assert_array_equal(auto.warmup_draws["mu"][:, :12], one.warmup_draws["mu"][:, :12])
     assert np.all(np.isfinite(auto.draws["mu"]))
 
@@ -197,16 +197,17 @@ def test_one_chain_per_device_probes_a_vmap_of_one(probes, monkeypatch):
     its step out better than the plain loop's); ``batch_size=1`` stays unbatched."""
     four = X0[:4]
 
-    def one_each(batch_size="auto", num_samples=40, start=four, **kw):
+    def one_each(batch_size="auto", num_samples=40, start=four, chunk_size=10, **kw):
         return cr.run(NUTS, jax.random.key(3), start, num_samples, mesh=cr.chain_mesh(4),
-                      batch_size=batch_size, progress=False, warn=False, **kw)  # fmt: skip
+                      batch_size=batch_size, chunk_size=chunk_size, progress=False, warn=False,
+                      **kw)  # fmt: skip
 
-    auto = one_each()
+    auto = one_each()  # probed at the first chunk boundary: 10 + 2 draws with 1
     assert auto.attrs["batch_size"] == "all" and "one vmap" in auto.attrs["batch_size_choice"]
     assert auto.attrs["chains_per_device"] == 1 and probes.vmap_compiles >= 1
-    part = one_each(batch_size=1, num_samples=2)
+    part = one_each(batch_size=1, num_samples=12)
     assert part.attrs["batch_size"] == 1  # 1 stays 1 with one chain per device
-    rest = one_each(batch_size=None, num_samples=38, start=part)
+    rest = one_each(batch_size=None, num_samples=28, start=part)
     np.testing.assert_array_equal(auto.draws, np.concatenate([part.draws, rest.draws], 1))
     at = []
     real_settle = _switch.settle
@@ -217,8 +218,10 @@ def test_one_chain_per_device_probes_a_vmap_of_one(probes, monkeypatch):
 
     monkeypatch.setattr(_switch, "settle", settle)
     _choose.forget()
-    one_each(num_warmup=20)  # a vmap of one waits for no chain: probed at draw 0
-    assert at == [0]
+    one_each(num_warmup=40)  # a vmap of one waits for no chain: probed at once, not at 20
+    assert at == [10]
+    single = one_each(chunk_size=None)  # one chunk: not probed
+    assert "not probed" in single.attrs["batch_size_choice"]
     probes.vmap_wins = False
     _choose.forget()
     kept = one_each()
@@ -269,6 +272,21 @@ def test_settle_decides_from_the_probe_times():
     assert _choose.settle(("e",), p).batch_size is None and built == [8, None]
     p, built = probe({1: 0.05, None: 0.01, 8: 0.02}, per_device=100)  # 50 s: one compile
     assert _choose.settle(("f",), p).batch_size == 8 and built == [8]
+    _choose.forget()
+
+
+def test_the_draws_before_the_switch_can_spare_the_probe():
+    """``without_probe``: at the pace of the draws so far, a vmap's compile (1.75 x 2 s)
+    over 20 % of the run keeps 1 without a probe (cached); a cached vmap still probes
+    (its switch comes after the probe draws); no pace yet: probe."""
+    _choose.forget()
+    early = _choose.without_probe(("g",), 1e-3, 1000, 5.0, 2.0)  # 6 s: 3.5 s is 58 %
+    assert early.batch_size == 1 and "over 20% of it" in early.reason
+    assert _choose.without_probe(("g",), 1.0, 1000, 5.0, 2.0).batch_size == 1  # cached
+    assert _choose.without_probe(("h",), 0.02, 1000, 5.0, 2.0) is None  # 25 s: 14 %
+    assert _choose.without_probe(("h",), None, 1000, 5.0, 2.0) is None
+    _choose._CHOICES.put(("i",), (8, "auto: 8"))
+    assert _choose.without_probe(("i",), 1e-3, 1000, 5.0, 2.0) is None
     _choose.forget()
 
 
