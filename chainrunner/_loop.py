@@ -113,10 +113,12 @@ def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> An
 
 
 class LoopResult(NamedTuple):
-    """What the chunk loop did: time, and whether Ctrl-C stopped it."""
+    """What the chunk loop did: time, whether Ctrl-C stopped it, and its last chunk
+    ``(at, count, state, out)`` where it was asked to hold it (not yet collected)."""
 
     sampling_time: float
     interrupted: bool
+    held: Any = None
 
 
 def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
@@ -130,16 +132,21 @@ def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
 
 def run_chunks(
     loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int,
-    last: int | None = None,
+    last: int | None = None, held: Any = None, hold: bool = False,
 ) -> LoopResult:  # fmt: skip
     """Runs draws ``first..last-1`` (``last``: ``total_draws``) chunk by chunk into ``collector``.
 
-    Ctrl-C stops after the chunks already collected; the collector then holds them.
+    ``held``: a chunk an earlier call held, collected once the first chunk is dispatched
+    (so the host copies it while the devices sample, as between any two chunks);
+    ``hold``: the last chunk is left for the caller (``LoopResult.held``), its draws
+    computed but not collected. Ctrl-C stops after the chunks already collected; the
+    collector then holds them.
     """
     end = sched.total_draws if last is None else last
     t0 = time.perf_counter()
-    pending = None
-    collector.draws_done, collector.state = first, state
+    pending = held
+    if held is None:
+        collector.draws_done, collector.state = first, state
     if collector.stop:  # a resumed run that had already converged
         return LoopResult(0.0, False)
     try:
@@ -161,9 +168,10 @@ def run_chunks(
                     pending = None
                     break
             pending = (at, count, state, out)
-        if pending is not None:
+        if pending is not None and not hold:
             collector.collect(*pending)
+            pending = None
         jax.block_until_ready(state)
     except KeyboardInterrupt:
         return LoopResult(time.perf_counter() - t0, True)
-    return LoopResult(time.perf_counter() - t0, False)
+    return LoopResult(time.perf_counter() - t0, False, pending)

@@ -411,13 +411,28 @@ def _loop_stage(
     (``_switch.switch_point``: the middle of the warmup), the switch
     (``_switch.settle``), then the rest with the chosen batch size."""
     switch_at = _switch.switch_point(sched, placed) if placed.probe else None
-    head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at)
+    head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at,
+                            hold=switch_at is not None)  # fmt: skip
     if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
-        return _Looped(head, _unprobed(placed, switch_at, sched), {})
+        if head.held is not None:
+            collector.collect(*head.held)
+        return _Looped(head._replace(held=None), _unprobed(placed, switch_at, sched), {})
+    elapsed = compile_time + head.sampling_time
+    pace = head.sampling_time / (switch_at - first) if switch_at > first else None
+    kept = _switch.early(plan, start, placed, sched, switch_at, elapsed, compile_time, pace)
+    if kept is not None:  # 1 goes on, its next chunk dispatched before the held one is collected
+        go_on = state if head.held is None else head.held[2]
+        rest = _loop.run_chunks(loop, go_on, placed, plan, sched, collector, switch_at,
+                                held=head.held)  # fmt: skip
+        result = _loop.LoopResult(head.sampling_time + rest.sampling_time, rest.interrupted)
+        return _Looped(result, kept, {})
+    if head.held is not None:
+        collector.collect(*head.held)
+    if collector.stop:
+        return _Looped(head._replace(held=None), placed._replace(probe=False), {})
     try:
-        pace = head.sampling_time / (switch_at - first) if switch_at > first else None
         sw = _switch.settle(plan, start, warm.kernel, placed, sched, loop, collector, switch_at,
-                            compile_time, compile_time + head.sampling_time, pace)  # fmt: skip
+                            compile_time, elapsed)  # fmt: skip
     except KeyboardInterrupt:  # the draws collected so far come back
         return _Looped(head._replace(interrupted=True), placed._replace(probe=False), {})
     rest = _loop.run_chunks(sw.loop, sw.state, sw.placed, plan, sched, collector, sw.at)

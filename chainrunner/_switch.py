@@ -50,6 +50,18 @@ def switch_point(sched: _loop.Schedule, placed: _start.Placement) -> int:
     return -(-target // sched.chunk_len) * sched.chunk_len
 
 
+def early(
+    plan: Any, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule, at: int,
+    elapsed: float, compile_time: float, pace: float | None,
+) -> _start.Placement | None:  # fmt: skip
+    """The placement of a run that keeps ``1`` without a probe at loop draw ``at``, or
+    ``None`` (probe): ``pace`` (seconds per draw of the draws before ``at``, ``None``:
+    none ran) already says a vmap's compile does not pay, or the same call kept ``1``."""
+    key = _choose.cache_key(plan, start, placed.mesh)
+    choice = _choose.without_probe(key, pace, sched.total_draws - at, elapsed, compile_time)
+    return None if choice is None else placed._replace(batch_choice=choice.reason, probe=False)
+
+
 def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -> Any:
     """``state`` (padded for ``src``'s layout) padded and placed for ``dst``'s."""
     if src.layout.padded == dst.layout.padded:
@@ -61,18 +73,10 @@ def relayout(state: Any, n: int, src: _start.Placement, dst: _start.Placement) -
 def settle(
     plan: Any, start: _start.Start, kernel: Kernel, placed: _start.Placement,
     sched: _loop.Schedule, loop: Any, collector: Any, at: int, compile_time: float,
-    elapsed: float, pace: float | None,
+    elapsed: float,
 ) -> Switched:  # fmt: skip
-    """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size.
-
-    ``pace``: seconds per draw of the draws before ``at`` (``None``: none ran); where it
-    already says a vmap's compile does not pay, ``1`` stays without a probe.
-    """
+    """Probes at loop draw ``at`` (``collector.state``) and switches to the chosen batch size."""
     key = _choose.cache_key(plan, start, placed.mesh)
-    early = _choose.without_probe(key, pace, sched.total_draws - at, elapsed, compile_time)
-    if early is not None:
-        return Switched(placed._replace(batch_choice=early.reason, probe=False), loop,
-                        collector.state, at, None, 0.0)  # fmt: skip
     t0 = time.perf_counter()
     state, n = collector.state, start.num_chains
     count = _choose.span(sched.total_draws - at, sched.chunk_len)

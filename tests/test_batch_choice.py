@@ -275,6 +275,23 @@ def test_settle_decides_from_the_probe_times():
     _choose.forget()
 
 
+def test_a_short_run_keeps_one_without_a_probe_and_its_chunks():
+    """The draws before the switch already say a vmap's compile does not pay: no probe,
+    no extra chunk (the next one dispatched before the held one is collected), the
+    draws of ``batch_size=1``; ``until`` checks on the held chunk still stop the run."""
+    _choose.forget()
+    kw = {"num_warmup": 40, "chunk_size": 10, "keep_warmup": True}
+    auto = run(**kw)  # switch at loop draw 20: 2 chunks of 1, then the rest
+    assert auto.attrs["batch_size"] == 1, auto.attrs["batch_size_choice"]
+    assert "at the pace of its draws so far" in auto.attrs["batch_size_choice"]
+    assert "batch_size_probe_time" not in auto.attrs
+    one = run(batch_size=1, **kw)
+    np.testing.assert_array_equal(auto.warmup_draws, one.warmup_draws)
+    np.testing.assert_array_equal(auto.draws, one.draws)
+    np.testing.assert_array_equal(auto.final_state.position, one.final_state.position)
+    _choose.forget()
+
+
 def test_the_draws_before_the_switch_can_spare_the_probe():
     """``without_probe``: at the pace of the draws so far, a vmap's compile (1.75 x 2 s)
     over 20 % of the run keeps 1 without a probe (cached); a cached vmap still probes
