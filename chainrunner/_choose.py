@@ -179,13 +179,22 @@ def without_probe(
     extra = _compile_cost(compile_time)
     if extra <= EARLY_MARGIN * COST_SHARE * estimate:
         return None
+    share = EARLY_MARGIN * COST_SHARE
+    return _one_stays(key, estimate, extra, share, " at the pace of its draws so far")
+
+
+def _one_stays(
+    key: tuple, estimate: float, extra: float, share: float, basis: str = "", timed: bool = False
+) -> Choice:
+    """``1``, cached under ``key``: a vmap's compile (``extra`` seconds) is over ``share``
+    of the run's end-to-end time with ``1`` (``estimate``, from ``basis``)."""
     reason = (
         f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end to "
-        f"end at the pace of its draws so far; a vmapped program would add {extra:.2g} s to "
-        f"compile, over {EARLY_MARGIN * COST_SHARE:.0%} of it)"
+        f"end{basis}; a vmapped program would add {extra:.2g} s to compile, over "
+        f"{share:.0%} of it)"
     )
     _CHOICES.put(key, (1, reason))
-    return Choice(1, reason)
+    return Choice(1, reason, timed=timed)
 
 
 def settle(key: tuple, probe: Probe) -> Choice:
@@ -200,13 +209,7 @@ def settle(key: tuple, probe: Probe) -> Choice:
     estimate = probe.elapsed + probe.one_seconds + rest  # the run, end to end, with 1
     extra = _compile_cost(probe.compile_time)
     if extra > COST_SHARE * estimate:
-        reason = (
-            f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end "
-            f"to end; a vmapped program would add {extra:.2g} s to compile, over "
-            f"{COST_SHARE:.0%} of it)"
-        )
-        _CHOICES.put(key, (1, reason))
-        return Choice(1, reason, timed=True)
+        return _one_stays(key, estimate, extra, COST_SHARE, timed=True)
     times: dict[int | None, float] = {1: probe.one_seconds}
     failed = ""
     for k, width in enumerate(_widths(probe.per_device)):

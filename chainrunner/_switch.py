@@ -1,10 +1,11 @@
 """Stage 7a: ``batch_size="auto"`` settled in the middle of the run's warmup.
 
-A run whose batch size ``place`` left open starts with ``batch_size=1``. In the middle
-of its warmup (at its first draw, without one or with one chain per device:
-``switch_point``), ``1`` samples the probe draws (the
-run's own, collected as a chunk), and ``_choose.settle`` decides from their pace
-whether vmapped programs are worth compiling. Each one tried samples the same draws
+A run whose batch size ``place`` left open starts with ``batch_size=1``. At the chunk
+boundary in the middle of its warmup (``switch_point``: at its first draw without one;
+at the first boundary with one chain per device), ``early`` keeps ``1`` where the
+draws so far already say a vmap's compile does not pay. Otherwise ``1`` samples the
+probe draws (the run's own, collected as a chunk), and ``_choose.settle`` decides from
+their pace whether vmapped programs are worth compiling. Each one tried samples the same draws
 from the same state (thrown away: they are the same trajectories, only batched
 differently). The run goes on with the fastest, its state moved to that batch size's
 layout: the same chains, keys and step numbers, so the draws are those of a run of
