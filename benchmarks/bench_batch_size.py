@@ -17,9 +17,9 @@ varies by about 10 %, as much as the end-to-end target, so the default and the f
 choices within 1.25x of the fastest cold one run cold again, with new kernels
 (``--cold-reps`` calls in all, rotating): the median is their **end to end** time.
 Then warm rounds (``--reps`` at least, more while a row's rounds fit
-10 s, at most 20) call every method in an order that rotates
-between rounds, each call with a new seed; the median is its **warm** time (the whole
-call, draws on the host). A row reports
+10 s, at most 20) call every method in a new random order each round (after a
+``gc.collect()``), each call with a new seed; the median is its **warm** time (the
+whole call, draws on the host). A row reports
 
 - ``warm/best``: the default's warm time over the best fixed ``batch_size``'s;
 - ``e2e/best``: the default's end to end time over the best fixed one's;
@@ -39,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import math
@@ -162,12 +163,15 @@ def bench_row(
     first = {}
     for m in methods[turn:] + methods[:turn]:
         first[m], info[m] = runners[m](0)
-    cold = cold_times(first, cold_reps, lambda m, seed: fresh(m)(seed)[0])
+    cold, cold_all = cold_times(first, cold_reps, lambda m, seed: fresh(m)(seed)[0])
     warm = {m: [] for m in methods}
+    # A new order each round: a fixed rotation puts each method after the same other
+    # one every round, and what a call leaves running biases the next (a few ms here).
+    rng = np.random.default_rng(len(methods) * chains + ndev)
     r = 0
     while r < reps:
-        order = methods[r % len(methods) :] + methods[: r % len(methods)]
-        for m in order:
+        for m in [methods[i] for i in rng.permutation(len(methods))]:
+            gc.collect()  # untimed, as timeit: no call pays for another's garbage
             warm[m].append(runners[m](r + 1)[0])
         if r == 0:  # as many rounds as the budget allows, at least --reps
             spent = sum(v[0] for v in warm.values())
@@ -181,7 +185,7 @@ def bench_row(
     return {
         "model": model_name, "chains": chains, "devices": ndev, "scale": scale, "warmup": warmup,
         "draws": draws, "reps": len(warm["default"]), "cold_reps": cold_reps, "warm_s": med,
-        "e2e_s": cold,
+        "e2e_s": cold, "e2e_calls_s": cold_all,
         "choice": info["default"].get("choice"), "chosen": info["default"].get("batch_size"),
         "probe_s": info["default"].get("probe_s"),
         "best_warm": best_warm, "best_e2e": best_e2e,
@@ -196,8 +200,8 @@ def cold_times(first, reps, call, near=COLD_NEAR):
     """End to end seconds per method: ``first`` (one cold call each), and where ``reps``
     is over 1, the median of ``reps`` cold calls for ``default`` and the fixed choices
     within ``near`` of the fastest fixed one (those that can be the row's best end to end;
-    one cold call varies by about 10 %), in rotating order. ``call(method, seed)``
-    times a cold call of a new runner."""
+    one cold call varies by about 10 %), in rotating order, and every call's seconds.
+    ``call(method, seed)`` times a cold call of a new runner."""
     import numpy as np
 
     fixed = [m for m in first if m.startswith("b=")]
@@ -207,7 +211,7 @@ def cold_times(first, reps, call, near=COLD_NEAR):
     for r in range(1, reps):
         for m in again[r % len(again) :] + again[: r % len(again)]:
             times[m].append(call(m, 100 + r))
-    return {m: float(np.median(v)) for m, v in times.items()}
+    return {m: float(np.median(v)) for m, v in times.items()}, times
 
 
 def worker(opts):

@@ -159,6 +159,16 @@ def _compile_cost(compile_time: float) -> float:
     return VMAP_COMPILE_RATIO * max(compile_time, MIN_COMPILE_S)
 
 
+def cached_one(key: tuple) -> Choice | None:
+    """``1``, where an earlier run of the same call kept it (its draws are ``1``'s however
+    that run was chunked, so this one runs ``batch_size=1``'s chunks from the start),
+    else ``None``."""
+    found, cached = _CHOICES.lookup(key)
+    if found and cached[0] == 1:
+        return Choice(1, f"{cached[1]} (measured by an earlier run of this program)")
+    return None
+
+
 def without_probe(
     key: tuple, pace: float | None, remaining: int, elapsed: float, compile_time: float
 ) -> Choice | None:

@@ -407,16 +407,17 @@ def _loop_stage(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any, collector: Collector, state: Any, first: int, compile_time: float,
 ) -> _Looped:  # fmt: skip
-    """The chunks; where ``place`` left ``batch_size="auto"`` open, up to the switch
-    (``_switch.switch_point``: the middle of the warmup), the switch
-    (``_switch.settle``), then the rest with the chosen batch size."""
-    switch_at = _switch.switch_point(sched, placed) if placed.probe else None
+    """The chunks; where ``place`` left ``batch_size="auto"`` open and the run reaches
+    its switch point (``_switch.where``: the middle of the warmup), the chunks up to
+    it, the switch (``_switch.early`` or ``_switch.settle``), then the rest with the
+    chosen batch size."""
+    placed, switch_at = _switch.where(plan, start, placed, sched)
     head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at,
                             hold=switch_at is not None)  # fmt: skip
-    if switch_at is None or head.interrupted or collector.stop or switch_at >= sched.total_draws:
+    if switch_at is None or head.interrupted or collector.stop:
         if head.held is not None:
             collector.collect(*head.held)
-        return _Looped(head._replace(held=None), _unprobed(placed, switch_at, sched), {})
+        return _Looped(head._replace(held=None), placed._replace(probe=False), {})
     elapsed = compile_time + head.sampling_time
     pace = head.sampling_time / (switch_at - first) if switch_at > first else None
     kept = _switch.early(plan, start, placed, sched, switch_at, elapsed, compile_time, pace)
@@ -440,17 +441,6 @@ def _loop_stage(
                               rest.interrupted)  # fmt: skip
     timed = {} if sw.probe_time is None else {"batch_size_probe_time": sw.probe_time}
     return _Looped(result, sw.placed, timed)
-
-
-def _unprobed(placed: _start.Placement, switch_at: int | None, sched: _loop.Schedule) -> Any:
-    """The placement of a run that ended without reaching its switch."""
-    if switch_at is not None and switch_at >= sched.total_draws:
-        why = (
-            "auto: 1, chains one after another (not probed: the run is over before its "
-            f"switch point, the chunk boundary at draw {switch_at})"
-        )
-        placed = placed._replace(batch_choice=why)
-    return placed._replace(probe=False)
 
 
 def _flush(ckpt: Any) -> bool:

@@ -1,9 +1,11 @@
 """Stage 7a: ``batch_size="auto"`` settled in the middle of the run's warmup.
 
-A run whose batch size ``place`` left open starts with ``batch_size=1``. At the chunk
-boundary in the middle of its warmup (``switch_point``: at its first draw without one;
-at the first boundary with one chain per device), ``early`` keeps ``1`` where the
-draws so far already say a vmap's compile does not pay. Otherwise ``1`` samples the
+A run whose batch size ``place`` left open starts with ``batch_size=1``. A run that
+ends before its switch point, or whose call an earlier run kept at ``1``, runs
+``batch_size=1``'s chunks throughout (``where``). Otherwise, at the chunk boundary in
+the middle of its warmup (``switch_point``: at its first draw without one; at the
+first boundary with one chain per device), ``early`` keeps ``1`` where the draws so
+far already say a vmap's compile does not pay. Otherwise ``1`` samples the
 probe draws (the run's own, collected as a chunk), and ``_choose.settle`` decides from
 their pace whether vmapped programs are worth compiling. Each one tried samples the same draws
 from the same state (thrown away: they are the same trajectories, only batched
@@ -49,6 +51,28 @@ def switch_point(sched: _loop.Schedule, placed: _start.Placement) -> int:
     """
     target = 1 if placed.layout.per_device == 1 else sched.warmup_draws // 2
     return -(-target // sched.chunk_len) * sched.chunk_len
+
+
+def where(
+    plan: Any, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule
+) -> tuple[_start.Placement, int | None]:
+    """The placement a run starts its chunks with and its switch point (``None``: no
+    switch). A run of ``"auto"`` that cannot reach its switch point, or whose call an
+    earlier run kept at ``1``, is a run of ``batch_size=1`` from the start: the same
+    chunks, each dispatched before the last is collected, nothing timed."""
+    if not placed.probe:
+        return placed, None
+    at = switch_point(sched, placed)
+    if at >= sched.total_draws:
+        why = (
+            "auto: 1, chains one after another (not probed: the run is over before its "
+            f"switch point, the chunk boundary at draw {at})"
+        )
+        return placed._replace(batch_choice=why, probe=False), None
+    cached = _choose.cached_one(_choose.cache_key(plan, start, placed.mesh))
+    if cached is not None:
+        return placed._replace(batch_choice=cached.reason, probe=False), None
+    return placed, at
 
 
 def early(

@@ -179,6 +179,14 @@ def test_a_short_run_keeps_batch_size_one_without_compiling_a_vmap(monkeypatch):
     eight = cr.run(NUTS, jax.random.key(3), X0, 40, mesh=cr.chain_mesh(8), batch_size=1,
                    progress=False, warn=False)  # fmt: skip
     np.testing.assert_array_equal(auto.draws, eight.draws)
+    # The same call again: the cached 1 runs batch_size=1's chunks from the start, with
+    # no stop at the switch point (nothing timed, nothing held)
+    switched = []
+    monkeypatch.setattr(_switch, "early", lambda *a: switched.append(a[4]))
+    again = run()
+    assert switched == [] and "earlier run" in again.attrs["batch_size_choice"]
+    np.testing.assert_array_equal(again.draws, auto.draws)
+    assert "batch_size_probe_time" not in again.attrs
     _choose.forget()
 
 

@@ -77,8 +77,9 @@ def test_batch_size_grid_times_the_candidates_cold_again():
         return {"default": 4.0, "b=1": 3.0, "b=8": 5.0}[m]
 
     first = {"default": 9.0, "b=1": 4.0, "b=8": 4.8, "b=all": 7.0, "floor[vmap]": 3.0}
-    cold = b.cold_times(first, 3, call)
+    cold, calls_s = b.cold_times(first, 3, call)
     # b=8 (within 1.25x of b=1's 4.0) and the default again; b=all and the floor once
     assert sorted(calls) == ["b=1", "b=1", "b=8", "b=8", "default", "default"]
     assert cold == {"default": 4.0, "b=1": 3.0, "b=8": 5.0, "b=all": 7.0, "floor[vmap]": 3.0}
-    assert b.cold_times(first, 1, call) == first and len(calls) == 6
+    assert calls_s["b=1"] == [4.0, 3.0, 3.0] and calls_s["b=all"] == [7.0]
+    assert b.cold_times(first, 1, call)[0] == first and len(calls) == 6
