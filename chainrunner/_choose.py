@@ -26,7 +26,8 @@ repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``
 
 The choice and its reason go to ``attrs["batch_size_choice"]``, and to a cache keyed on
 the program and the run's length: the next identical call switches at the same draw to
-the same batch size without timing, and gives the same draws. Accelerators take one
+the same batch size without timing, and gives the same draws (a kept ``1`` runs
+``batch_size=1``'s chunks from the first draw: ``cached_one``). Accelerators take one
 ``vmap`` (their width is what keeps them busy); an ensemble takes its own width
 (``_ensemble.auto_width``).
 """
@@ -179,10 +180,8 @@ def without_probe(
     vmap's compile is over ``EARLY_MARGIN`` times ``COST_SHARE`` of its end-to-end time
     keeps ``1`` (cached): its chunks are then those of ``batch_size=1``.
     """
-    found, cached = _CHOICES.lookup(key)
-    if found:
-        return Choice(1, f"{cached[1]} (measured by an earlier run of this program)") \
-            if cached[0] == 1 else None  # fmt: skip
+    if _CHOICES.lookup(key)[0]:  # a cached vmap: probed, ``settle`` takes it from the cache
+        return cached_one(key)
     if pace is None:
         return None
     estimate = elapsed + pace * remaining
