@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from interrupting import InterruptingBar
 
@@ -186,6 +186,8 @@ FILES = [
         max_size=3,
     ),
 )
+# Found by hypothesis: the only state file left after a delete has no sibling to swap with.
+@example(which="half", damages=[("state_000000.npz", "delete"), ("state_000001.npz", "truncate")])
 def test_any_damage_gives_the_uninterrupted_draws_or_a_clear_error(
     pristine, tmp_path_factory, which, damages
 ):
@@ -196,10 +198,10 @@ def test_any_damage_gives_the_uninterrupted_draws_or_a_clear_error(
     for name, kind in damages:
         if name not in present:
             continue
-        other = next(f for f in sorted(present) if f != name and f[:5] == name[:5])
-        if kind == "swap" and other not in present:
-            continue
-        _damage(folder, name, kind, other)
+        siblings = [f for f in sorted(present) if f != name and f[:5] == name[:5]]
+        if kind == "swap" and not siblings:
+            continue  # no file of its kind is left to swap it with
+        _damage(folder, name, kind, siblings[0] if siblings else None)
         if kind == "delete":
             present.discard(name)
     outcome = _resume_checked(folder, full, "")
