@@ -7,6 +7,7 @@ starts (the user's position jittered with their new init keys) up to ``MAX_REINI
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -60,7 +61,7 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
     args = (
         _mesh.place(_mesh.pad(position, layout.num_chains, layout.padded), mesh),
         placed.init_chains,
-        _mesh.place(tries[_mesh.chain_ids(layout.num_chains, layout.padded)], mesh),
+        _placed_tries(tries, layout.num_chains, layout.padded, mesh),
         placed.key,
         placed.params,
     )
@@ -71,6 +72,20 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
     if kernel.logdensity is None:
         return state, None, dt
     return state, np.asarray(_distributed.to_host(lp))[: layout.num_chains], dt
+
+
+@functools.lru_cache(maxsize=16)
+def _no_tries(n: int, padded: int, mesh: Any) -> jax.Array:
+    """Zero re-initialisations for every chain, on the mesh (cached: the first try of
+    every run, one host-to-device copy less in each call of a repeated run)."""
+    return _mesh.place(np.zeros(padded, np.int32), mesh)
+
+
+def _placed_tries(tries: np.ndarray, n: int, padded: int, mesh: Any) -> jax.Array:
+    """The re-initialisations per chain (``n``, padded to ``padded``), on the mesh."""
+    if not tries.any():
+        return _no_tries(n, padded, mesh)
+    return _mesh.place(tries[_mesh.chain_ids(n, padded)], mesh)
 
 
 def _bad_start(bad: np.ndarray, lp: np.ndarray, how: str, hint: str | None, last: bool) -> None:

@@ -49,6 +49,11 @@ class LRU:
         with self._lock:
             self._items.clear()
 
+    def discard(self, key: Hashable) -> None:
+        """Drops ``key``'s entry, if there is one."""
+        with self._lock:
+            self._items.pop(key, None)
+
     def lookup(self, key: Hashable, owner: Any = None) -> tuple[bool, Any]:
         """``(True, value)`` if cached (and marked recent), else ``(False, None)``."""
         with self._lock:

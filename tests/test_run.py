@@ -194,6 +194,30 @@ def test_no_recompile_for_new_seed_values_or_length():
     assert _programs.trace_counts["chunk"] == before["chunk"] + 1
 
 
+def test_replicated_params_are_reused_while_their_leaves_live():
+    """A repeated run's data are replicated once (jax arrays are immutable); numpy data,
+    which can change in place, are copied every time; the entry dies with its leaves."""
+    import gc
+
+    from chainrunner import _start
+
+    two, four = cr.chain_mesh(2), cr.chain_mesh(4)
+    kernel = types.SimpleNamespace(params={"y": jnp.arange(3.0), "n": jnp.int32(3)})
+    placed = _start.replicate_params(kernel, two)
+    assert placed["y"].sharding.is_fully_replicated and len(placed["y"].devices()) == 2
+    assert _start.replicate_params(kernel, two) is placed
+    assert _start.replicate_params(types.SimpleNamespace(params=dict(kernel.params)), two) is placed
+    assert _start.replicate_params(kernel, four) is not placed  # another mesh
+    host = types.SimpleNamespace(params={"y": np.arange(3.0)})
+    first = _start.replicate_params(host, two)
+    host.params["y"][0] = 7.0  # changed in place: the next run sees it
+    assert first["y"][0] == 0.0 and _start.replicate_params(host, two)["y"][0] == 7.0
+    cached = len(_start._REPLICATED)
+    del kernel, placed
+    gc.collect()
+    assert len(_start._REPLICATED) == cached - 2  # both meshes' copies went with the leaves
+
+
 def test_second_call_compiles_nothing(caplog):
     """JAX's own compile log: a repeated run with a new seed and start compiles nothing."""
     kw = {"mesh": cr.chain_mesh(8), "batch_size": 2, "chunk_size": 10, "progress": False}
