@@ -212,10 +212,12 @@ def test_replicated_params_are_reused_while_their_leaves_live():
     first = _start.replicate_params(host, two)
     host.params["y"][0] = 7.0  # changed in place: the next run sees it
     assert first["y"][0] == 0.0 and _start.replicate_params(host, two)["y"][0] == 7.0
-    cached = len(_start._REPLICATED)
-    del kernel, placed
+    leaves, treedef = jax.tree.flatten(kernel.params)
+    keys = [(mesh, treedef, *map(id, leaves)) for mesh in (two, four)]
+    assert all(key in _start._REPLICATED for key in keys)
+    del kernel, placed, leaves
     gc.collect()
-    assert len(_start._REPLICATED) == cached - 2  # both meshes' copies went with the leaves
+    assert not any(key in _start._REPLICATED for key in keys)  # gone with the leaves
 
 
 def test_second_call_compiles_nothing(caplog):
