@@ -75,7 +75,7 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
 
 
 @functools.lru_cache(maxsize=16)
-def _no_tries(n: int, padded: int, mesh: Any) -> jax.Array:
+def _no_tries(padded: int, mesh: Any) -> jax.Array:
     """Zero re-initialisations for every chain, on the mesh (cached: the first try of
     every run, one host-to-device copy less in each call of a repeated run)."""
     return _mesh.place(np.zeros(padded, np.int32), mesh)
@@ -84,7 +84,7 @@ def _no_tries(n: int, padded: int, mesh: Any) -> jax.Array:
 def _placed_tries(tries: np.ndarray, n: int, padded: int, mesh: Any) -> jax.Array:
     """The re-initialisations per chain (``n``, padded to ``padded``), on the mesh."""
     if not tries.any():
-        return _no_tries(n, padded, mesh)
+        return _no_tries(padded, mesh)
     return _mesh.place(tries[_mesh.chain_ids(n, padded)], mesh)
 
 
