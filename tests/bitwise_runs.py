@@ -2,8 +2,11 @@
 
 ``tests/test_bitwise.py`` runs them and compares with ``tests/fixtures/bitwise-jax<version>.npz``,
 recorded before the pipeline redesign of ``run`` (issue 15): refactoring must not change a
-single bit. Record a fixture for a new jax version (numerics may legitimately differ between
-jax releases) with, on 8 simulated CPU devices::
+single bit. XLA tunes its CPU code to the host CPU, and on another CPU model two of these
+runs differ in the last bits; so a machine's own fixture, ``bitwise-jax<version>-<cpu
+class>.npz``, is compared bit for bit where there is one, and otherwise the first one
+within float32 rounding. Record a fixture for a new jax version (numerics may
+legitimately differ between jax releases) or CPU class with, on 8 simulated CPU devices::
 
     JAX_NUM_CPU_DEVICES=8 python tests/bitwise_runs.py --write
 
@@ -24,10 +27,36 @@ from interrupting import InterruptingBar
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
-def fixture_path() -> str:
+def cpu_class() -> str:
+    """The host CPU as XLA compiles for it: vendor, family and model, and AVX-512.
+
+    XLA's CPU code is tuned to the host: on another CPU model some runs (the window and
+    MEADS warmups) differ in the last bits of float32 (seen: up to 5e-6 on draws of order 1).
+    """
+    import platform
+
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.machine() or "unknown"
+    parts = [info.get(k, "?").replace(" ", "_") for k in ("vendor_id", "cpu family", "model")]
+    avx512 = ["avx512"] if "avx512f" in info.get("flags", "").split() else []
+    return "-".join([platform.machine(), *parts, *avx512])
+
+
+def fixture_path(cpu: str | None = "") -> str:
+    """This jax's fixture for ``cpu`` (default: this machine's ``cpu_class``), or with
+    ``cpu=None`` the one recorded first, on a CPU whose class was not noted."""
     import jax
 
-    return os.path.join(FIXTURES, f"bitwise-jax{jax.__version__}.npz")
+    if cpu == "":
+        cpu = cpu_class()
+    suffix = "" if cpu is None else f"-{cpu}"
+    return os.path.join(FIXTURES, f"bitwise-jax{jax.__version__}{suffix}.npz")
 
 
 def _flat(prefix: str, trace) -> dict[str, np.ndarray]:
