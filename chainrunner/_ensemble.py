@@ -92,14 +92,16 @@ def init_program(
 
 
 def chunk_program(
-    kernel: Kernel, mesh: Mesh, width: int | None, n: int, chunk_len: int, thinning: int,
-    extract_of: Callable, trace_counts: dict,
+    kernel: Kernel, mesh: Mesh, width: int | None, n: int, chunk_len: int | Callable,
+    thinning: int, extract_of: Callable, trace_counts: dict,
 ) -> Callable:  # fmt: skip
     """``(rows, chain, rng_key, start, n_valid, params) -> (rows, (draws, stats))``.
 
     The ensemble is rebuilt from every device's rows, runs ``n_valid`` draws of
     ``thinning`` steps replicated, and each device stores its own walkers' draws
     (``extract_of(params)`` maps one walker's row and info to its draw and stats).
+    ``chunk_len``: the draws a call holds, or a function of one walker's draw (shape
+    structs) that gives them.
     """
     ens, devices = kernel.ensemble, mesh.shape[_mesh.AXIS]
 
@@ -121,7 +123,9 @@ def chunk_program(
         if ens.prepare is not None:
             ens.prepare(state, params, evaluate)
         shapes = jax.eval_shape(advance, state)[1]
-        buffers = jax.tree.map(lambda s: jnp.zeros((chunk_len, *s.shape), s.dtype), shapes)
+        one = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+        draws = chunk_len(one) if callable(chunk_len) else chunk_len
+        buffers = jax.tree.map(lambda s: jnp.zeros((draws, *s.shape), s.dtype), shapes)
 
         def one(i, carry):
             state, buffers = carry

@@ -7,6 +7,7 @@ progress bar, and, with ``monitor=True``, summarised by R-hat and ESS.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -60,13 +61,26 @@ class Sink:
         return jax.tree.map(lambda a: a[:, :filled], self.arrays)
 
 
-def progress_bar(progress: bool | None, total: int, desc: str) -> Any:
-    """A tqdm bar; ``progress=None``: on in a terminal only; off on processes other than 0."""
+def shows_progress(progress: bool | None) -> bool:
+    """Whether ``progress_bar`` shows a bar: ``progress=None``: in a terminal or a
+    notebook (as tqdm decides); never on processes other than 0."""
+    if not _distributed.is_main_process():
+        return False  # with several processes only process 0 shows one
+    if progress is not None:
+        return bool(progress)
     from tqdm.auto import tqdm
 
-    disable = None if progress is None else not progress
-    if not _distributed.is_main_process():
-        disable = True  # with several processes only process 0 shows one
+    notebook = sys.modules.get("tqdm.notebook")  # tqdm.auto imports it in a notebook only
+    if notebook is not None and issubclass(tqdm, notebook.tqdm_notebook):
+        return True  # tqdm's notebook bars show with disable=None
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())  # tqdm's own test
+
+
+def progress_bar(progress: bool | None, total: int, desc: str) -> Any:
+    """A tqdm bar, shown where ``shows_progress`` says."""
+    from tqdm.auto import tqdm
+
+    disable = not shows_progress(progress)
     return tqdm(total=total, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
 
 

@@ -14,11 +14,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _mesh
+from . import _distributed, _mesh
 from ._checks import DEFAULT_CHUNK_SIZE
 from ._compile import Ahead, compiled, in_this_context
+from ._host import shows_progress
 from ._kernel import Kernel
 from ._programs import chunk_program
+
+QUIET_CHUNK_SIZE = 1000
+"""Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``."""
 
 
 class Schedule(NamedTuple):
@@ -28,25 +32,67 @@ class Schedule(NamedTuple):
         first_step: global number of the loop's first kernel step.
         warmup_draws: leading draws of the loop that are warmup (0 after a cross-chain warmup).
         total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
-        chunk_len: draws per compiled call.
+        chunk_len: draws per compiled call (a quiet run's: its compiled program's,
+            ``fitted``; before it is compiled, at most ``cap``).
+        grid: the chunk grid of ``chunk_size`` (default 250) on which ``batch_size="auto"``
+            probes and switches; ``chunk_len`` but for a quiet run's longer chunks.
+        cap: draws per call the chunk programs are built with (at most).
+        fit: a quiet run's programs fit ``cap`` down to ``QUIET_CHUNK_BYTES`` of outputs per
+            device, to no fewer than this many draws; ``None``: ``cap`` draws.
     """
 
     first_step: int
     warmup_draws: int
     total_draws: int
     chunk_len: int
+    grid: int
+    cap: int
+    fit: int | None = None
 
 
 def schedule(plan: Any, first_step: int, cross_chain: bool) -> Schedule:
-    """The loop's lengths; a cross-chain warmup runs the warmup before the loop."""
+    """The loop's lengths; a cross-chain warmup runs the warmup before the loop.
+
+    ``chunk_size=None`` gives chunks of 250 draws where something watches their
+    boundaries (a progress bar, checkpoints, convergence checks, several processes).
+    Otherwise the run is quiet: up to ``QUIET_CHUNK_SIZE`` draws per call while a
+    device's outputs fit ``QUIET_CHUNK_BYTES`` (every boundary costs a short run a
+    millisecond or more: ``docs/long-runs.md``).
+    """
     loop_warmup = 0 if cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
+    grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
+    quiet = plan.chunk_size is None and total > grid and not watched(plan)
+    cap = min(total, QUIET_CHUNK_SIZE) if quiet else grid
     return Schedule(
         first_step=first_step + plan.num_warmup - loop_warmup,
         warmup_draws=loop_warmup // plan.thinning,
         total_draws=total,
-        chunk_len=min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE),
+        chunk_len=cap,
+        grid=grid,
+        cap=cap,
+        fit=DEFAULT_CHUNK_SIZE if quiet else None,
     )
+
+
+def watched(plan: Any) -> bool:
+    """Whether something looks at the run's chunk boundaries: a progress bar (with its
+    monitor), checkpoints, ``until`` or ``warmup_until``; several processes (each must
+    build the same program, and only one shows a bar) count as watched too."""
+    return (
+        shows_progress(plan.progress)
+        or plan.monitor
+        or plan.checkpoint is not None
+        or plan.until is not None
+        or plan.warmup_until is not None
+        or _distributed.is_multiprocess()
+    )
+
+
+def fitted(sched: Schedule, loop: Any) -> Schedule:
+    """``sched`` with the draws per call of ``loop``, a compiled chunk program."""
+    leaves = jax.tree.leaves(loop.out_info[1])  # (chain, draw, ...)
+    return sched._replace(chunk_len=leaves[0].shape[1] if leaves else sched.cap)
 
 
 def compile_loop(
@@ -56,11 +102,11 @@ def compile_loop(
     mesh, b = placed.mesh, placed.layout.batch_size
     zero = chunk_scalars(0, 0, mesh)
     n = placed.layout.num_chains
-    key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, plan.thinning, plan.keep)
-    key += (n,) if kernel.ensemble is not None else ()
+    key = ("chunk", kernel.functions, mesh, b, sched.cap, sched.fit, plan.thinning, plan.keep)
+    key += (n,) if kernel.ensemble is not None or sched.fit is not None else ()
     return compiled(
         key,
-        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, plan.thinning, plan.keep, n),
+        lambda: chunk_program(kernel, mesh, b, sched.cap, plan.thinning, plan.keep, n, sched.fit),
         (state, placed.chains, placed.key, *zero, placed.params),
         on_traced,
     )

@@ -8,6 +8,8 @@ random numbers a chain sees. Both programs derive the keys themselves from the r
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,10 @@ from jax.sharding import Mesh
 from . import _ensemble, _mesh
 from ._compile import TRACE_LOCK
 from ._kernel import Kernel
+
+# A quiet run's chunk (``_loop.schedule``: nothing watches its boundaries) is longer than
+# the default 250 draws only while its outputs stay within this many bytes per device.
+QUIET_CHUNK_BYTES = 64 * 2**20
 
 # Number of times each program body has been traced (a trace precedes every compile).
 # Tests read it to check the no-recompile promises.
@@ -46,8 +52,24 @@ def retry_key(init_key: jax.Array, tries: jax.Array) -> jax.Array:
     return jax.lax.fori_loop(0, tries, lambda j, k: jax.random.fold_in(k, j + 1), init_key)
 
 
+def draw_bytes(out_shape: Any) -> int:
+    """Bytes of one draw's outputs (shape structs of a chain's draws and stats)."""
+    return sum(
+        math.prod(s.shape) * getattr(s.dtype, "itemsize", 8) for s in jax.tree.leaves(out_shape)
+    )
+
+
+def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
+    """Rows of a quiet run's chunk: ``cap``, fewer where ``chains`` chains' outputs
+    (``out_shape``: one chain's draw) would pass ``QUIET_CHUNK_BYTES``, never under ``least``."""
+    per_draw = chains * draw_bytes(out_shape)
+    if per_draw == 0:
+        return cap
+    return max(min(cap, least), min(cap, QUIET_CHUNK_BYTES // per_draw))
+
+
 def chunk_loop(
-    kernel: Kernel, chunk_len: int, thinning: int
+    kernel: Kernel, chunk_len: int | Callable[[Any], int], thinning: int
 ) -> Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, tuple[Any, dict]]]:
     """The inference loop of one chain for one chunk of at most ``chunk_len`` draws.
 
@@ -59,7 +81,8 @@ def chunk_loop(
     chain, so under ``vmap`` it stays one loop); the outputs keep ``chunk_len`` rows
     and the rest are zeros. One compiled program thus serves every chunk, including
     a shorter last one, with no per-step branch (a ``lax.cond`` per draw measured
-    ~17% slower for NUTS on CPU).
+    ~17% slower for NUTS on CPU). ``chunk_len`` may be a function of one draw's
+    outputs (shape structs) that gives the rows (``fitted_rows``).
     """
 
     def step_keys(step_key, first, n):
@@ -77,17 +100,18 @@ def chunk_loop(
         return state, kernel.extract(state, info)
 
     def loop(state, step_key, start, n_valid):
-        # Without thinning, the chunk's keys at once (chunk_len keys: less memory than
-        # its draws); with thinning, each draw's keys.
-        chunk_keys = step_keys(step_key, start, chunk_len) if thinning == 1 else None
+        out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
+        rows = chunk_len(out_shape) if callable(chunk_len) else chunk_len
+        # Without thinning, the chunk's keys at once (one per row: less memory than its
+        # draws); with thinning, each draw's keys.
+        chunk_keys = step_keys(step_key, start, rows) if thinning == 1 else None
 
         def keys_of(i):
             if chunk_keys is not None:
                 return jax.lax.dynamic_slice_in_dim(chunk_keys, i, 1)
             return step_keys(step_key, start + i * thinning, thinning)
 
-        out_shape = jax.eval_shape(advance, state, keys_of(0))[1]
-        buffers = jax.tree.map(lambda s: jnp.zeros((chunk_len, *s.shape), s.dtype), out_shape)
+        buffers = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), out_shape)
 
         def body(i, carry):
             state, buffers = carry
@@ -179,21 +203,28 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
 
 def chunk_program(
     kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any,
-    n: int,
+    n: int, fit: int | None = None,
 ) -> Callable:  # fmt: skip
     """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
 
-    ``n`` is the number of real chains; an ensemble's program depends on it.
+    ``n`` is the number of real chains; an ensemble's program depends on it. The
+    outputs have ``chunk_len`` rows per chain, or with ``fit`` (a quiet run) as many
+    of them, at least ``fit``, as keep a device's outputs within ``QUIET_CHUNK_BYTES``
+    (``fitted_rows``, for ``ceil(n / devices)`` chains: the same rows for every batch size).
     """
+    rows: int | Callable[[Any], int] = chunk_len
+    if fit is not None:
+        per_device = -(-n // mesh.shape[_mesh.AXIS])
+        rows = functools.partial(fitted_rows, chunk_len, fit, per_device)
     if kernel.ensemble is not None:
         return _ensemble.chunk_program(
-            kernel, mesh, batch_size, n, chunk_len, thinning,
+            kernel, mesh, batch_size, n, rows, thinning,
             lambda params: apply_keep(kernel.bind(params), keep).extract, trace_counts,
         )  # fmt: skip
 
     def body(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
-        loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning)
+        loop = chunk_loop(apply_keep(kernel.bind(params), keep), rows, thinning)
 
         def one_chain(args):
             state, chain = args

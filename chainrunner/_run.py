@@ -129,8 +129,12 @@ def run(
             faster and the run long enough to pay its compile (``docs/batch-size.md``).
             The choice and its reason are in ``attrs["batch_size_choice"]``; pin
             ``batch_size`` for the same draws on machines whose choices differ.
-        chunk_size: draws per compiled call (default ``min(total draws, 250)``); also
-            how often the progress bar moves and checkpoints are written.
+        chunk_size: draws per compiled call; also how often the progress bar moves,
+            checkpoints are written and ``until`` checks. ``None``: ``min(total draws,
+            250)`` where something watches the chunks (a progress bar, ``monitor``,
+            ``checkpoint``, ``until``, ``warmup_until``, several processes); otherwise
+            up to 1000 while a device's outputs fit 64 MiB, at least 250 (each call
+            costs a short run a millisecond or more; ``docs/long-runs.md``).
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
         keep: what to store per draw, to cut memory: a site name or list of names
@@ -212,7 +216,7 @@ def run(
     if warm.kernel is not start.kernel:  # the cross-chain warmup adapted the parameters
         placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
-    compile_time += init.compile_time
+    sched, compile_time = _loop.fitted(sched, loop), compile_time + init.compile_time
     warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
     sampled = _sample(plan, start, placed, sched, warm, loop, compile_time)
     trace = _assemble(plan, adapter, start, sampled.placed, sched, init, warm, sampled,

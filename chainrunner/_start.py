@@ -165,8 +165,8 @@ def replicate_params(kernel: Kernel, mesh: Mesh) -> Any:
         return hit[1]
     placed = _mesh.replicate(kernel.params, mesh)
 
-    def drop(_: Any) -> None:  # a leaf died: its id may be reused by another array
-        _REPLICATED.discard(key)
+    def drop(_: Any, cache: LRU = _REPLICATED) -> None:  # a leaf died: its id may be reused
+        cache.discard(key)  # (bound: at exit the module's globals may be gone first)
 
     _REPLICATED.put(key, ([weakref.ref(x, drop) for x in leaves], placed))
     return placed

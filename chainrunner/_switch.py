@@ -45,12 +45,14 @@ def switch_point(sched: _loop.Schedule, placed: _start.Placement) -> int:
     trajectories at a pace relative to ``1`` that does not change with the phase, so
     it is probed at once and the whole run gains.
 
-    The switch comes at the first chunk boundary at or after that draw: where ``1``
-    stays, the run's chunks are then those of ``batch_size=1`` (each boundary costs a
-    short run a few milliseconds), and a run of one chunk is not probed at all.
+    The switch comes at the first boundary of the chunk grid (``chunk_size``, default
+    250 draws, also in a quiet run of longer chunks: ``_loop.schedule``) at or after
+    that draw: where ``1`` stays, the run's chunks are then those of ``batch_size=1``
+    (each boundary costs a short run a few milliseconds), and a run of one chunk of
+    that grid is not probed at all.
     """
     target = 1 if placed.layout.per_device == 1 else sched.warmup_draws // 2
-    return -(-target // sched.chunk_len) * sched.chunk_len
+    return -(-target // sched.grid) * sched.grid
 
 
 def where(
@@ -104,7 +106,7 @@ def settle(
     key = _choose.cache_key(plan, start, placed.mesh)
     t0 = time.perf_counter()
     state, n = collector.state, start.num_chains
-    count = _choose.span(sched.total_draws - at, sched.chunk_len)
+    count = _choose.span(sched.total_draws - at, sched.grid)
     kept, after, out = _loop.run_chunk(loop, state, placed, plan.thinning, sched, at, count)
     collector.collect(at, count, after, out)  # the run's own draws
     built: dict[int | None, tuple[_start.Placement, Any, Any]] = {}
@@ -114,7 +116,10 @@ def settle(
         if width not in built:
             p = _start.place(plan, start, _choose.Choice(width, ""), placed.mesh)
             moved = relayout(state, n, placed, p)
-            built[width] = (p, _loop.compile_loop(kernel, plan, p, sched, moved)[0], moved)
+            program = _loop.compile_loop(kernel, plan, p, sched, moved)[0]
+            if _loop.fitted(sched, program).chunk_len != sched.chunk_len:  # a chunk's rows
+                raise RuntimeError(f"run: batch_size={width} built another chunk length")
+            built[width] = (p, program, moved)
         return built[width]
 
     def time_width(width: int | None) -> float:

@@ -61,9 +61,11 @@ def test_start_place_schedule_and_describe():
     assert placed.layout.padded == 8 and placed.layout.batch_size == 2
     assert np.asarray(placed.chains).tolist() == [0, 1, 2, 3, 4, 4, 4, 4]
     sched = _loop.schedule(plan, start.first_step, start.cross_chain)
-    assert sched == _loop.Schedule(first_step=0, warmup_draws=6, total_draws=18, chunk_len=5)
+    assert sched == _loop.Schedule(
+        first_step=0, warmup_draws=6, total_draws=18, chunk_len=5, grid=5, cap=5, fit=None
+    )
     # a cross-chain warmup runs before the loop: the loop starts after it
-    assert _loop.schedule(plan, 0, True) == _loop.Schedule(6, 0, 12, 5)
+    assert _loop.schedule(plan, 0, True) == _loop.Schedule(6, 0, 12, 5, 5, 5)
     from chainrunner._run import describe
 
     d = describe(plan, start, placed, sched)

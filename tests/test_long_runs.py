@@ -231,3 +231,47 @@ def test_on_bad_init_warn_and_reinit():
     again = cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="reinit", init_jitter=1.0,
                    **KW)  # fmt: skip
     np.testing.assert_array_equal(trace.draws, again.draws)
+
+
+def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path):
+    """``chunk_size=None``: up to 1000 draws per call when nothing watches the boundaries
+    (the same draws as chunks of 250); 250 with a progress bar, checkpoints or ``until``."""
+    kw = {**KW, "batch_size": 1, "num_warmup": 100}
+    quiet = cr.run(NUTS, jax.random.key(5), X0, 1200, **kw)
+    fixed = cr.run(NUTS, jax.random.key(5), X0, 1200, chunk_size=250, **kw)
+    assert quiet.attrs["chunk_size"] == 1000 and fixed.attrs["chunk_size"] == 250
+    np.testing.assert_array_equal(quiet.draws, fixed.draws)
+    np.testing.assert_array_equal(quiet.stats["energy"], fixed.stats["energy"])
+    np.testing.assert_array_equal(quiet.final_state.position, fixed.final_state.position)
+    watched = {
+        "progress": {"progress": True},
+        "checkpoint": {"checkpoint": tmp_path / "ckpt"},
+        "until": {"until": cr.Converged(rhat=1.5, ess_bulk=10, ess_tail=10)},
+    }
+    for name, extra in watched.items():
+        trace = cr.run(NUTS, jax.random.key(5), X0, 400, **{**kw, **extra})
+        assert trace.attrs["chunk_size"] == 250, name
+    assert cr.run(NUTS, jax.random.key(5), X0, 100, **kw).attrs["chunk_size"] == 200  # one
+
+
+def test_a_quiet_chunk_keeps_a_devices_outputs_within_its_bytes(monkeypatch):
+    """The quiet chunk shrinks where ``QUIET_CHUNK_BYTES`` per device would be passed,
+    to no fewer than 250 draws; draws and stats as with chunks of 250."""
+
+    def outputs_per_device(trace, per_device=2):  # 5 chains on 4 devices: at most 2 each
+        arrays = jax.tree.leaves((trace.draws, trace.stats))
+        return per_device * sum(a.dtype.itemsize * int(np.prod(a.shape[2:])) for a in arrays)
+
+    kw = {**KW, "batch_size": 1}
+    for budget, expected in [(None, 600), (1, 250)]:
+        # a new kernel each time: the budget is not part of the compiled program's key
+        nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
+        per_draw = outputs_per_device(cr.run(nuts, jax.random.key(1), X0, 4, **kw))
+        if budget is None:
+            budget = expected * per_draw + per_draw // 2  # room for 600 draws
+        monkeypatch.setattr(_programs, "QUIET_CHUNK_BYTES", budget)
+        trace = cr.run(nuts, jax.random.key(1), X0, 900, **kw)
+        assert trace.attrs["chunk_size"] == expected
+        fixed = cr.run(nuts, jax.random.key(1), X0, 900, chunk_size=250, **kw)
+        np.testing.assert_array_equal(trace.draws, fixed.draws)
+        np.testing.assert_array_equal(trace.stats["n_steps"], fixed.stats["n_steps"])
