@@ -21,8 +21,9 @@ from ._host import shows_progress
 from ._kernel import Kernel
 from ._programs import chunk_program
 
-QUIET_CHUNK_SIZE = 1000
-"""Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``."""
+QUIET_CHUNK_SIZE = 2000
+"""Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``:
+a run of 1000 warmup steps and 1000 draws (numpyro's and Stan's default) in one call."""
 
 
 class Schedule(NamedTuple):

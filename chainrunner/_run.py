@@ -133,7 +133,7 @@ def run(
             checkpoints are written and ``until`` checks. ``None``: ``min(total draws,
             250)`` where something watches the chunks (a progress bar, ``monitor``,
             ``checkpoint``, ``until``, ``warmup_until``, several processes); otherwise
-            up to 1000 while a device's outputs fit 64 MiB, at least 250 (each call
+            up to 2000 while a device's outputs fit 64 MiB, at least 250 (each call
             costs a short run a millisecond or more; ``docs/long-runs.md``).
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.

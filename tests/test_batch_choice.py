@@ -338,13 +338,13 @@ def test_accelerators_take_one_vmap_and_ensembles_their_width():
 
 
 def test_a_quiet_run_switches_where_a_watched_one_does(probes):
-    """Without a progress bar the chunks are up to 1000 draws, but ``auto`` probes on the
+    """Without a progress bar the chunks are up to 2000 draws, but ``auto`` probes on the
     grid of 250: a run switches at the same draw, with the same draws, either way."""
     quiet = run(num_warmup=600, num_samples=600)  # the middle of the warmup, 300: probe at 500
     # The same call with a bar: the cached choice, at the draw where the probe came
     watched = cr.run(NUTS, jax.random.key(3), X0, 600, num_warmup=600, mesh=cr.chain_mesh(4),
                      progress=True, warn=False)  # fmt: skip
-    assert (quiet.attrs["chunk_size"], watched.attrs["chunk_size"]) == (1000, 250)
+    assert (quiet.attrs["chunk_size"], watched.attrs["chunk_size"]) == (1200, 250)
     assert quiet.attrs["batch_size"] == watched.attrs["batch_size"] == "all"
     assert "earlier run" in watched.attrs["batch_size_choice"]
     np.testing.assert_array_equal(quiet.draws, watched.draws)

@@ -1,5 +1,6 @@
 """Long runs: checkpoints that survive SIGKILL, Ctrl-C keeps the draws, keep=, monitor."""
 
+import io
 import os
 import signal
 import subprocess
@@ -233,13 +234,18 @@ def test_on_bad_init_warn_and_reinit():
     np.testing.assert_array_equal(trace.draws, again.draws)
 
 
-def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path):
-    """``chunk_size=None``: up to 1000 draws per call when nothing watches the boundaries
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatch):
+    """``chunk_size=None``: up to 2000 draws per call when nothing watches the boundaries
     (the same draws as chunks of 250); 250 with a progress bar, checkpoints or ``until``."""
     kw = {**KW, "batch_size": 1, "num_warmup": 100}
-    quiet = cr.run(NUTS, jax.random.key(5), X0, 1200, **kw)
-    fixed = cr.run(NUTS, jax.random.key(5), X0, 1200, chunk_size=250, **kw)
-    assert quiet.attrs["chunk_size"] == 1000 and fixed.attrs["chunk_size"] == 250
+    quiet = cr.run(NUTS, jax.random.key(5), X0, 2100, **kw)  # 2200 draws: 2000, then 200
+    fixed = cr.run(NUTS, jax.random.key(5), X0, 2100, chunk_size=250, **kw)
+    assert quiet.attrs["chunk_size"] == 2000 and fixed.attrs["chunk_size"] == 250
     np.testing.assert_array_equal(quiet.draws, fixed.draws)
     np.testing.assert_array_equal(quiet.stats["energy"], fixed.stats["energy"])
     np.testing.assert_array_equal(quiet.final_state.position, fixed.final_state.position)
@@ -252,6 +258,13 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path):
         trace = cr.run(NUTS, jax.random.key(5), X0, 400, **{**kw, **extra})
         assert trace.attrs["chunk_size"] == 250, name
     assert cr.run(NUTS, jax.random.key(5), X0, 100, **kw).attrs["chunk_size"] == 200  # one
+    # progress=None: a bar (and chunks of 250) where stderr is a terminal, as tqdm decides
+    kw["progress"] = None
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal
+    assert cr.run(NUTS, jax.random.key(5), X0, 400, **kw).attrs["chunk_size"] == 500
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert cr.run(NUTS, jax.random.key(5), X0, 400, **kw).attrs["chunk_size"] == 250
+    assert "500/500" in sys.stderr.getvalue()  # the bar was shown
 
 
 def test_a_quiet_chunk_keeps_a_devices_outputs_within_its_bytes(monkeypatch):
