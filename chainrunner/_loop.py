@@ -24,6 +24,9 @@ from ._programs import chunk_program
 QUIET_CHUNK_SIZE = 2000
 """Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``:
 a run of 1000 warmup steps and 1000 draws (numpyro's and Stan's default) in one call."""
+QUIET_STEPS = (500, 1000, QUIET_CHUNK_SIZE)
+"""A quiet run's chunk: the first of these that holds the run, so that runs of other
+lengths share a few programs."""
 
 
 class Schedule(NamedTuple):
@@ -51,20 +54,26 @@ class Schedule(NamedTuple):
     fit: int | None = None
 
 
-def schedule(plan: Any, first_step: int, cross_chain: bool) -> Schedule:
+def schedule(
+    plan: Any, first_step: int, cross_chain: bool, previous: int | None = None
+) -> Schedule:
     """The loop's lengths; a cross-chain warmup runs the warmup before the loop.
 
     ``chunk_size=None`` gives chunks of 250 draws where something watches their
     boundaries (a progress bar, checkpoints, convergence checks, several processes).
-    Otherwise the run is quiet: up to ``QUIET_CHUNK_SIZE`` draws per call while a
-    device's outputs fit ``QUIET_CHUNK_BYTES`` (every boundary costs a short run a
-    millisecond or more: ``docs/long-runs.md``).
+    Otherwise the run is quiet: 500, 1000 or 2000 draws per call (the first that holds
+    the run; ``previous``, a continued trace's chunk, if longer: its program again),
+    fewer where a device's outputs would pass ``QUIET_CHUNK_BYTES`` (every boundary
+    costs a short run a millisecond or more: ``docs/long-runs.md``).
     """
     loop_warmup = 0 if cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
     quiet = plan.chunk_size is None and total > grid and not watched(plan)
-    cap = min(total, QUIET_CHUNK_SIZE) if quiet else grid
+    cap = grid
+    if quiet:
+        cap = next((c for c in QUIET_STEPS if c >= total), QUIET_CHUNK_SIZE)
+        cap = max(cap, previous or 0)
     return Schedule(
         first_step=first_step + plan.num_warmup - loop_warmup,
         warmup_draws=loop_warmup // plan.thinning,

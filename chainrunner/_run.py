@@ -133,8 +133,9 @@ def run(
             checkpoints are written and ``until`` checks. ``None``: ``min(total draws,
             250)`` where something watches the chunks (a progress bar, ``monitor``,
             ``checkpoint``, ``until``, ``warmup_until``, several processes); otherwise
-            up to 2000 while a device's outputs fit 64 MiB, at least 250 (each call
-            costs a short run a millisecond or more; ``docs/long-runs.md``).
+            500, 1000 or 2000, the first that holds the run (a continued trace's, if
+            longer), fewer where a device's outputs would pass about 64 MiB, at least
+            250 (each call costs a short run a millisecond or more; ``docs/long-runs.md``).
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
         keep: what to store per draw, to cut memory: a site name or list of names
@@ -206,7 +207,7 @@ def run(
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
     placed = _start.place(plan, start)
-    sched = _loop.schedule(plan, start.first_step, start.cross_chain)
+    sched = _loop.schedule(plan, start.first_step, start.cross_chain, start.previous_chunk_size)
     if not start.cross_chain:  # a cross-chain kernel's step needs the adapted params first
         check_keep_names(start.kernel, plan.keep, start.position, start.state)
     init, ahead = _initialise(plan, adapter, start, placed, sched)

@@ -37,6 +37,7 @@ class Start(NamedTuple):
         cross_chain: the adapter's cross-chain warmup runs before sampling.
         previous_batch_size: a continued trace's ``attrs["batch_size"]`` (``"all"`` or
             a number), else ``None``.
+        previous_chunk_size: a continued trace's ``attrs["chunk_size"]``, else ``None``.
     """
 
     kernel: Kernel
@@ -46,6 +47,7 @@ class Start(NamedTuple):
     first_step: int
     cross_chain: bool
     previous_batch_size: Any = None
+    previous_chunk_size: int | None = None
 
 
 def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start:
@@ -63,8 +65,10 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             )
         state = previous.final_state
         n = leading_size(state, "initial_position.final_state", where)
+        chunk = previous.attrs.get("chunk_size")
+        chunk = None if chunk is None else int(chunk)
         start = Start(kernel, n, None, state, previous.num_steps, False,
-                      previous.attrs.get("batch_size"))  # fmt: skip
+                      previous.attrs.get("batch_size"), chunk)  # fmt: skip
     else:
         kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
         if initial_position is not None:

@@ -344,7 +344,7 @@ def test_a_quiet_run_switches_where_a_watched_one_does(probes):
     # The same call with a bar: the cached choice, at the draw where the probe came
     watched = cr.run(NUTS, jax.random.key(3), X0, 600, num_warmup=600, mesh=cr.chain_mesh(4),
                      progress=True, warn=False)  # fmt: skip
-    assert (quiet.attrs["chunk_size"], watched.attrs["chunk_size"]) == (1200, 250)
+    assert (quiet.attrs["chunk_size"], watched.attrs["chunk_size"]) == (2000, 250)
     assert quiet.attrs["batch_size"] == watched.attrs["batch_size"] == "all"
     assert "earlier run" in watched.attrs["batch_size_choice"]
     np.testing.assert_array_equal(quiet.draws, watched.draws)

@@ -249,6 +249,13 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
     np.testing.assert_array_equal(quiet.draws, fixed.draws)
     np.testing.assert_array_equal(quiet.stats["energy"], fixed.stats["energy"])
     np.testing.assert_array_equal(quiet.final_state.position, fixed.final_state.position)
+    # 500, 1000 or 2000 draws per call: runs of other lengths share a few programs, and
+    # a continued quiet run takes its trace's program again
+    before = dict(_programs.trace_counts)
+    assert cr.run(NUTS, jax.random.key(6), X0, 1700, **kw).attrs["chunk_size"] == 2000
+    more = cr.run(NUTS, jax.random.key(5), quiet, 300, **{**kw, "num_warmup": 0})
+    assert more.attrs["chunk_size"] == 2000 and _programs.trace_counts == before
+    assert cr.run(NUTS, jax.random.key(5), X0, 300, **kw).attrs["chunk_size"] == 500
     watched = {
         "progress": {"progress": True},
         "checkpoint": {"checkpoint": tmp_path / "ckpt"},
