@@ -123,8 +123,8 @@ def chunk_program(
         if ens.prepare is not None:
             ens.prepare(state, params, evaluate)
         shapes = jax.eval_shape(advance, state)[1]
-        one = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
-        draws = chunk_len(one) if callable(chunk_len) else chunk_len
+        walker = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+        draws = chunk_len(walker) if callable(chunk_len) else chunk_len
         buffers = jax.tree.map(lambda s: jnp.zeros((draws, *s.shape), s.dtype), shapes)
 
         def one(i, carry):
