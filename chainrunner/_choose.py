@@ -1,104 +1,88 @@
-"""``batch_size="auto"``: the batch size a run samples with, chosen per run.
+"""``batch_size="auto"``: the batch size a run samples with, decided before it starts.
 
 A device advances its chains one after another (``batch_size=1``) or together in
-vmaps (``8``: vmaps of 8 chains; ``None``: one over all). Which is faster depends on
-the model's step, the chains per device, the device and the JAX version
-(``docs/batch-size.md``), and, for NUTS, on the phase of the run: in the first
-draws of a warmup, trajectory lengths differ the most between chains, and a vmap,
-which waits for the longest, is slowest there. So on CPU devices ``"auto"`` measures
-in the middle of the warmup, at a chunk boundary (at the first draw of a run without
-one; with one chain per device at the first boundary, ``_switch.switch_point``):
+vmaps (``8``: vmaps of 8 chains; ``None``: one over all). The choice is made once, in
+the ``place`` stage, from facts that are the same every time the same call runs: the
+device kind, the chains per device, the run's length, the JAX version and the cost of
+one kernel step as XLA counts it (``step_flops``: the flops of the lowered step,
+a while loop's body counted once). Never a timing: the same script with the same seed
+gives the same batch size, and so the same draws, in every process.
 
-1. ``choose`` (the ``place`` stage): the run starts with ``1``, the program that
-   compiles fastest, and is marked for ``settle``.
-2. The first half of the warmup runs with ``1`` (with one chain per device, whose
-   candidate is a vmap of one, the first chunk). Then (``_switch``) ``without_probe``
-   keeps ``1`` where the pace of those draws already says a vmap's compile does not
-   pay; otherwise ``1`` samples the probe draws (the run's own; ``span``), and
-   ``settle`` decides from their pace: if a vmap's compile would be over
-   ``COST_SHARE`` of the run's end-to-end time with ``1`` (the time so far, and the
-   rest at that pace), ``1`` stays. Otherwise vmapped programs are compiled and sample
-   the same draws from the same state (thrown away), and the run goes on with the
-   fastest, its state moved to that layout.
+The rule (``docs/batch-size.md`` has the measurements behind each constant):
 
-A continued trace keeps its trace's batch size, and runs whose timing could not be
-repeated (checkpoints, several processes, after a cross-chain warmup) keep ``1``.
+- an explicit ``batch_size`` is used as given; an ensemble takes its own width
+  (``_ensemble.auto_width``); a continued trace its trace's batch size;
+- GPU and TPU: one ``vmap`` over a device's chains (``1`` with one chain per device);
+- CPU: ``1`` for runs of fewer than ``MIN_CHAIN_STEPS`` steps x chains per device
+  (the step is not costed); otherwise ``1``, unless a ``vmap`` is expected to sample
+  faster (``expected_speedup``) **and** the time it would save on the run's estimated
+  sampling time with ``1`` (``estimate``) is more than the extra compile of a vmapped
+  program (``VMAP_COMPILE_S``). A vmap is expected to be faster where one step is
+  matrix work (``MATRIX_FLOPS`` or more: a vmap turns matrix-vector products into
+  matrix-matrix ones), or, on jax older than 0.11, where a device holds
+  ``SMALL_MODEL_WIDTH`` chains or more (per-op overhead amortised; on jax 0.12 a vmap
+  of a small model measured 0.3-0.4x the speed of ``1``). The vmap is of ``WIDEST``
+  chains where a device holds more.
 
-The choice and its reason go to ``attrs["batch_size_choice"]``, and to a cache keyed on
-the program and the run's length: the next identical call switches at the same draw to
-the same batch size without timing, and gives the same draws (a kept ``1`` runs
-``batch_size=1``'s chunks from the first draw: ``cached_one``). Accelerators take one
-``vmap`` (their width is what keeps them busy); an ensemble takes its own width
-(``_ensemble.auto_width``).
+The choice and the facts it came from go to ``attrs["batch_size_choice"]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
-from . import _distributed, _ensemble, _mesh
-from ._compile import signature
+from . import _ensemble, _mesh
+from ._compile import TRACE_LOCK, signature
 from ._lru import LRU
 
-# A vmapped NUTS program compiles in about 1.75x the time of the one-chain program
-# (docs/batch-size.md, both JAX versions); compile times under a second are noise.
-VMAP_COMPILE_RATIO = 1.75
-MIN_COMPILE_S = 1.0
-# Probe a vmap only if its compile is at most this share of the run's end-to-end time
-# (so far, and the rest with 1): a probe that finds nothing faster costs at most that.
-COST_SHARE = 0.10
-# Without a probe, 1 stays where the pace of the draws before the switch says a vmap's
-# compile is over EARLY_MARGIN x COST_SHARE of the run (that pace is the less certain).
-EARLY_MARGIN = 2.0
-PROBE_SHARE = 0.02  # of the draws left (at least FIRST_PROBE, at most a chunk)
-FIRST_PROBE = 2
-WIDEST = 8  # with more chains per device, vmaps of WIDEST are tried first
-_CHOICES = LRU(64)
+VMAP_COMPILE_S = 3.0
+"""Seconds a vmapped NUTS program compiles longer than the ``1`` program on CPU (measured
+1.5-3.7 s on the grid of ``bench_batch_size.py``, both JAX versions)."""
+MATRIX_SPEEDUP = 1.2
+"""A vmap's expected speed over ``1`` on a step of matrix work (the grid's logistic
+regression and matmul rows: 0.83-1.71x, 1.3x on the long matmul run of 4000 + 4000)."""
+SMALL_MODEL_SPEEDUP = 1.4
+"""On jax < 0.11, a vmap's expected speed over ``1`` on a small model with
+``SMALL_MODEL_WIDTH`` chains per device or more (the grid: 1.1-1.7x)."""
+MATRIX_FLOPS = 5e4
+"""Flops of one kernel step from which the step is matrix work a vmap speeds up (the
+grid's logistic regression 5000x20 and matmul models: 2.7e5 to 4.7e5; eight schools and
+the 50-d Gaussian: under 2e4)."""
+SMALL_MODEL_WIDTH = 8
+"""On jax < 0.11, chains per device from which a vmap of a small model samples faster
+(measured 1.1-1.7x at 8 to 2048 chains per device; 0.7-0.9x at 1 to 4)."""
+STEP_OVERHEAD_S = {True: 25e-6, False: 6e-6}
+"""Seconds one chain's step costs a device beyond its flops, on jax < 0.11 (``True``)
+and later: the grid's eight schools, 23-47 and 5-12 microseconds per chain-step."""
+FLOPS_PER_S = 1.2e9
+"""A device's rate on a step's flops (the grid's logistic regression: about 400
+microseconds per chain-step for 4.7e5 flops)."""
+MIN_CHAIN_STEPS = 10_000
+"""Runs of fewer steps x chains per device keep ``1`` without costing the step (a vmap
+would need a step of over 2e6 flops to pay its compile there)."""
+WIDEST = 8
+"""With more chains per device, vmaps of this many (8 was faster than one vmap of all on
+21 of the 32 such rows of the grid)."""
+_COSTS = LRU(64)
 
 
 class Choice(NamedTuple):
-    """A run's batch size, why, whether ``settle`` still has to probe it, and whether
-    it did."""
+    """A run's batch size and why (the facts it was decided from)."""
 
     batch_size: int | None
     reason: str
-    probe: bool = False
-    timed: bool = False  # ``settle`` timed the run (not a cached choice)
 
 
-def forget() -> None:
-    """Forgets every cached choice (the next run of each program probes again)."""
-    _CHOICES.clear()
-
-
-def cache_key(plan: Any, start: Any, mesh: Mesh) -> tuple:
-    """What a cached choice is for: the program and what it runs on (shapes and dtypes of
-    the start and of the kernel's parameters, e.g. a model's data), the mesh, the chains
-    and the run's length."""
-    start_from = start.position if start.state is None else start.state
-    return (
-        start.kernel.functions, signature((start_from, start.kernel.params)), mesh,
-        start.num_chains, plan.num_warmup, plan.num_samples, plan.thinning, plan.chunk_size,
-        plan.keep, jax.config.jax_enable_x64,
-    )  # fmt: skip
-
-
-def _why_no_probe(plan: Any, start: Any) -> str | None:
-    if start.cross_chain:
-        return "after a cross-chain warmup"
-    if plan.checkpoint is not None:
-        return "a checkpointed run: a resumed run must find the same layout"
-    if _distributed.is_multiprocess():
-        return "several processes must agree without timing"
-    return None
+def _old_jax() -> bool:
+    return tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11)
 
 
 def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
-    """The batch size a run starts with (the ``place`` stage)."""
+    """The batch size a run samples with (the ``place`` stage), decided once."""
     n = start.num_chains
     if plan.batch_size != "auto":
         return Choice(plan.batch_size, "given")
@@ -109,130 +93,85 @@ def choose(plan: Any, start: Any, mesh: Mesh) -> Choice:
     if start.previous_batch_size is not None:  # continuing: one longer run's layout
         b = None if start.previous_batch_size == "all" else int(start.previous_batch_size)
         return Choice(b, f"auto: {start.previous_batch_size}, as the continued trace")
-    why_not = _why_no_probe(plan, start)
-    if why_not is not None:
-        return Choice(1, f"auto: 1, chains one after another on CPU ({why_not})")
-    return Choice(1, "auto: 1 (to be probed in the middle of the warmup)", probe=True)
+    if start.cross_chain:
+        return Choice(1, "auto: 1, chains one after another on CPU (after a cross-chain warmup)")
+    return on_cpu(plan, start, mesh)
 
 
-def span(draws: int, chunk_len: int) -> int:
-    """Probe draws for a run with ``draws`` sampling draws left."""
-    return min(chunk_len, draws, max(FIRST_PROBE, round(PROBE_SHARE * draws)))
+def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
+    """``1`` or a vmap on CPU devices, by the rule of the module docstring."""
+    per_device = -(-start.num_chains // mesh.shape[_mesh.AXIS])
+    steps = (0 if start.cross_chain else plan.num_warmup) + plan.num_samples
+    old = _old_jax()
+    if steps * per_device < MIN_CHAIN_STEPS:  # not costed: the step is not traced
+        return Choice(1, _one(f"{steps} steps x {per_device} chains per device: a short run"))
+    flops = step_flops(start)
+    if flops is None:
+        return Choice(1, _one("the step's cost is unknown (XLA gave no cost analysis)"))
+    seconds = estimate(steps, per_device, flops, old)
+    facts = (
+        f"{steps} steps x {per_device} chains per device, {flops:.3g} flops a step: about "
+        f"{seconds:.3g} s with 1 at the rule's rates"
+    )
+    speedup = expected_speedup(flops, per_device, old)
+    if speedup is None:
+        why = "" if old else f", under {MATRIX_FLOPS:.0e} flops on jax >= 0.11"
+        return Choice(1, _one(f"{facts}; a vmap is not faster{why}"))
+    saved = seconds * (1 - 1 / speedup)
+    than = f"{saved:.2g} s at {speedup:g}x, {'more' if saved >= VMAP_COMPILE_S else 'less'} " \
+           f"than its {VMAP_COMPILE_S:g} s compile"  # fmt: skip
+    if saved < VMAP_COMPILE_S:
+        return Choice(1, _one(f"{facts}; a vmap would save about {than}"))
+    width = WIDEST if per_device > WIDEST else None
+    named = "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
+    return Choice(width, f"auto: {named} ({facts}; a vmap saves about {than})")
 
 
-class Probe(NamedTuple):
-    """What ``settle`` knows of the run at the probe (the middle of the warmup).
-
-    Attributes:
-        one_seconds: seconds ``batch_size=1`` took for the probe draws (the run's own).
-        count: the probe draws.
-        remaining: the run's draws after them.
-        compile_time: seconds until the ``1`` program was compiled and initialised.
-        per_device: chains per device.
-        time: ``batch_size -> seconds`` the same draws from the same state take with
-            that batch size (after compiling it); raises if it cannot be built.
-        elapsed: seconds the run has taken before the probe (compile, draws).
-    """
-
-    one_seconds: float
-    count: int
-    remaining: int
-    compile_time: float
-    per_device: int
-    time: Callable[[int | None], float]
-    elapsed: float = 0.0
-
-
-def _widths(per_device: int) -> tuple[int | None, ...]:
-    """The batch sizes tried against ``1``, in order: one vmap over a device's chains
-    (with one chain per device, a vmap of one: XLA may lay its step out better); with
-    more than ``WIDEST``, vmaps of ``WIDEST`` first (their trajectories wait for fewer
-    others: faster on 21 of the 32 such rows of the grid), then one vmap of all."""
-    return (None,) if per_device <= WIDEST else (WIDEST, None)
-
-
-def _named(width: int | None) -> str:
-    return "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
-
-
-def _compile_cost(compile_time: float) -> float:
-    """Seconds a vmapped program would take to compile, from the ``1`` program's."""
-    return VMAP_COMPILE_RATIO * max(compile_time, MIN_COMPILE_S)
-
-
-def cached_one(key: tuple) -> Choice | None:
-    """``1``, where an earlier run of the same call kept it (its draws are ``1``'s however
-    that run was chunked, so this one runs ``batch_size=1``'s chunks from the start),
-    else ``None``."""
-    found, cached = _CHOICES.lookup(key)
-    if found and cached[0] == 1:
-        return Choice(1, f"{cached[1]} (measured by an earlier run of this program)")
+def expected_speedup(flops: float, per_device: int, old_jax: bool) -> float | None:
+    """How much faster a vmap is expected to sample than ``1`` (``None``: not faster)."""
+    if flops >= MATRIX_FLOPS:
+        return MATRIX_SPEEDUP
+    if old_jax and per_device >= SMALL_MODEL_WIDTH:
+        return SMALL_MODEL_SPEEDUP
     return None
 
 
-def without_probe(
-    key: tuple, pace: float | None, remaining: int, elapsed: float, compile_time: float
-) -> Choice | None:
-    """``1`` without a probe, or ``None`` (probe).
+def _one(facts: str) -> str:
+    return f"auto: 1, chains one after another ({facts})"
 
-    A cached ``1`` stays (its draws are ``1``'s, however the earlier run was chunked). A
-    run whose draws so far (``pace`` seconds each, ``None``: none yet) say that a
-    vmap's compile is over ``EARLY_MARGIN`` times ``COST_SHARE`` of its end-to-end time
-    keeps ``1`` (cached): its chunks are then those of ``batch_size=1``.
-    """
-    if _CHOICES.lookup(key)[0]:  # a cached vmap: probed, ``settle`` takes it from the cache
-        return cached_one(key)
-    if pace is None:
+
+def estimate(steps: int, per_device: int, flops: float, old_jax: bool) -> float:
+    """Seconds a device samples ``steps`` steps of ``per_device`` chains with ``1``, at the
+    rule's rates (a NUTS step's trajectory counted as one expansion: a lower bound)."""
+    return steps * per_device * (STEP_OVERHEAD_S[old_jax] + flops / FLOPS_PER_S)
+
+
+def step_flops(start: Any) -> float | None:
+    """Flops of one chain's kernel step, from XLA's cost analysis of the lowered step
+    (nothing compiled; cached per kernel and shapes). ``None`` where XLA gives none."""
+    kernel = start.kernel
+    batched = start.position if start.state is None else start.state
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batched)
+    key = (kernel.functions, start.state is None, signature((one, kernel.params)))
+    return _COSTS.get(key, lambda: _lowered_flops(kernel, one, start.state is None))
+
+
+def _lowered_flops(kernel: Any, one: Any, fresh: bool) -> float | None:
+    rng = jax.random.key(0)
+
+    def state_of(position, params):
+        return kernel.bind(params).init(position, rng) if fresh else position
+
+    def step(state, params):
+        return kernel.bind(params).step(rng, state)
+
+    try:
+        with TRACE_LOCK:
+            state = jax.eval_shape(state_of, one, kernel.params)
+            cost = jax.jit(step).lower(state, kernel.params).cost_analysis()
+    except Exception:  # a kernel XLA cannot cost stays with 1; its errors surface at init
         return None
-    estimate = elapsed + pace * remaining
-    extra = _compile_cost(compile_time)
-    if extra <= EARLY_MARGIN * COST_SHARE * estimate:
-        return None
-    share = EARLY_MARGIN * COST_SHARE
-    return _one_stays(key, estimate, extra, share, " at the pace of its draws so far")
-
-
-def _one_stays(
-    key: tuple, estimate: float, extra: float, share: float, basis: str = "", timed: bool = False
-) -> Choice:
-    """``1``, cached under ``key``: a vmap's compile (``extra`` seconds) is over ``share``
-    of the run's end-to-end time with ``1`` (``estimate``, from ``basis``)."""
-    reason = (
-        f"auto: 1, chains one after another (the run with 1: about {estimate:.2g} s end to "
-        f"end{basis}; a vmapped program would add {extra:.2g} s to compile, over "
-        f"{share:.0%} of it)"
-    )
-    _CHOICES.put(key, (1, reason))
-    return Choice(1, reason, timed=timed)
-
-
-def settle(key: tuple, probe: Probe) -> Choice:
-    """The batch size the rest of the run samples with (cached under ``key``).
-
-    A second width is tried only if the run is long enough to pay for a second compile.
-    """
-    found, cached = _CHOICES.lookup(key)
-    if found:
-        return Choice(cached[0], f"{cached[1]} (measured by an earlier run of this program)")
-    rest = probe.one_seconds / probe.count * probe.remaining
-    estimate = probe.elapsed + probe.one_seconds + rest  # the run, end to end, with 1
-    extra = _compile_cost(probe.compile_time)
-    if extra > COST_SHARE * estimate:
-        return _one_stays(key, estimate, extra, COST_SHARE, timed=True)
-    times: dict[int | None, float] = {1: probe.one_seconds}
-    failed = ""
-    for k, width in enumerate(_widths(probe.per_device)):
-        if k and 2 * extra > COST_SHARE * estimate:  # both compiles within the share
-            break
-        try:
-            times[width] = probe.time(width)
-        except Exception as e:  # a kernel that cannot be vmapped still runs with 1
-            failed = f"; batch_size={width} failed: {type(e).__name__}: {e}"[:300]
-            break
-    best = min(times, key=lambda b: times[b])
-    others = ", ".join(f"{times[b]:.3g} s with batch_size={b}" for b in times if b != best)
-    reason = f"auto: {_named(best) if best != 1 else '1, chains one after another'} " \
-             f"({probe.count} probe draws: {times[best]:.3g} s" \
-             f"{', against ' + others if others else ''}{failed})"  # fmt: skip
-    _CHOICES.put(key, (best, reason))
-    return Choice(best, reason, timed=True)
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    flops = None if not cost else cost.get("flops")
+    return None if flops is None or flops < 0 else float(flops)

@@ -89,6 +89,23 @@ def compiled(
     return executable, time.perf_counter() - t0
 
 
+# The settings that change what a trace builds and that a ``with`` context sets for one
+# thread only (read through the public ``jax.config``; a name a version lacks is skipped).
+_TRACE_SETTINGS = (
+    "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
+    "jax_numpy_dtype_promotion", "jax_default_device", "jax_default_prng_impl",
+    "jax_threefry_partitionable", "jax_softmax_custom_jvp", "jax_disable_jit",
+    "jax_random_seed_offset", "jax_debug_nans", "jax_debug_infs", "jax_check_tracer_leaks",
+)  # fmt: skip
+
+
+def _trace_settings() -> tuple:
+    """This thread's values of ``_TRACE_SETTINGS`` and its abstract mesh, if any."""
+    values = tuple(repr(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS)
+    mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
+    return (*values, repr(mesh))
+
+
 def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """``fn`` for another thread, or ``None`` when this thread's jax settings forbid it.
 
@@ -98,14 +115,12 @@ def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     force, there is no thread-safe way to compile it elsewhere: the caller compiles on its
     own thread. ``log_compiles`` is carried over.
     """
-    from jax._src import config
-
-    context = getattr(config, "trace_context", lambda: None)()
+    context = _trace_settings()
     fresh: list[Any] = []
-    probe = threading.Thread(target=lambda: fresh.append(config.trace_context()))
+    probe = threading.Thread(target=lambda: fresh.append(_trace_settings()))
     probe.start()
     probe.join()
-    if context is None or fresh[0] != context:
+    if fresh[0] != context:
         return None
     log = jax.config.jax_log_compiles
 

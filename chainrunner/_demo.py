@@ -85,10 +85,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from . import _mesh
 
     if jax.config.jax_platforms in (None, "", "cpu"):
-        from jax._src import xla_bridge
-
-        if not xla_bridge.backends_are_initialized():
+        try:
             _mesh.request_cpu_devices(args.devices)
+        except RuntimeError:  # JAX is already up (another count): run on what it has
+            pass
     import arviz as az
     import blackjax
     import jax.numpy as jnp

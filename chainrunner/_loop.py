@@ -17,7 +17,6 @@ import numpy as np
 from . import _distributed, _mesh
 from ._checks import DEFAULT_CHUNK_SIZE
 from ._compile import Ahead, compiled, in_this_context
-from ._host import shows_progress
 from ._kernel import Kernel
 from ._programs import chunk_program
 
@@ -25,8 +24,11 @@ QUIET_CHUNK_SIZE = 2000
 """Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``:
 a run of 1000 warmup steps and 1000 draws (numpyro's and Stan's default) in one call."""
 QUIET_STEPS = (500, 1000, QUIET_CHUNK_SIZE)
-"""A quiet run's chunk: the first of these that holds the run, so that runs of other
-lengths share a few programs."""
+"""A longer chunk: the first of these that holds the run (or an eighth of it, under a
+progress bar), so that runs of other lengths share a few programs."""
+BAR_UPDATES = 8
+"""Where a progress bar may show, a chunk holds at most an eighth of the run (at least
+250 draws): the bar moves at least this many times."""
 
 
 class Schedule(NamedTuple):
@@ -36,13 +38,13 @@ class Schedule(NamedTuple):
         first_step: global number of the loop's first kernel step.
         warmup_draws: leading draws of the loop that are warmup (0 after a cross-chain warmup).
         total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
-        chunk_len: draws per compiled call (a quiet run's: its compiled program's,
+        chunk_len: draws per compiled call (a longer chunk's: its compiled program's,
             ``fitted``; before it is compiled, at most ``cap``).
-        grid: the chunk grid of ``chunk_size`` (default 250) on which ``batch_size="auto"``
-            probes and switches; ``chunk_len`` but for a quiet run's longer chunks.
+        grid: ``chunk_size`` (default 250) or the run, if shorter: the chunk of a run
+            whose boundaries something needs.
         cap: draws per call the chunk programs are built with (at most).
-        fit: a quiet run's programs fit ``cap`` down to ``QUIET_CHUNK_BYTES`` of outputs per
-            device, to no fewer than this many draws; ``None``: ``cap`` draws.
+        fit: a longer chunk's programs fit ``cap`` down to ``QUIET_CHUNK_BYTES`` of outputs
+            per device, to no fewer than this many draws; ``None``: ``cap`` draws.
     """
 
     first_step: int
@@ -59,20 +61,24 @@ def schedule(
 ) -> Schedule:
     """The loop's lengths; a cross-chain warmup runs the warmup before the loop.
 
-    ``chunk_size=None`` gives chunks of 250 draws where something watches their
-    boundaries (a progress bar, checkpoints, convergence checks, several processes).
-    Otherwise the run is quiet: 500, 1000 or 2000 draws per call (the first that holds
-    the run; ``previous``, a continued trace's chunk, if longer: its program again),
-    fewer where a device's outputs would pass ``QUIET_CHUNK_BYTES`` (every boundary
-    costs a short run a millisecond or more: ``docs/long-runs.md``).
+    ``chunk_size=None`` gives chunks of 250 draws where something needs their boundaries
+    (``monitor``, checkpoints, convergence checks, several processes). Otherwise the
+    chunk is the first of 250, 500, 1000 and 2000 draws that holds the run
+    (``QUIET_STEPS``), or, where a progress bar may show (``progress`` not ``False``),
+    an eighth of it (``BAR_UPDATES``: the bar moves at least 8 times); ``previous``, a
+    continued trace's chunk, if longer: its program again. Fewer draws where a device's
+    outputs would pass ``QUIET_CHUNK_BYTES`` (every boundary costs a short run a
+    millisecond or more: ``docs/long-runs.md``). Whether a terminal is attached never
+    changes the chunks, so a notebook, a terminal and a pipe compile the same programs.
     """
     loop_warmup = 0 if cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
-    quiet = plan.chunk_size is None and total > grid and not watched(plan)
+    longer = plan.chunk_size is None and total > grid and not needs_boundaries(plan)
     cap = grid
-    if quiet:
-        cap = next((c for c in QUIET_STEPS if c >= total), QUIET_CHUNK_SIZE)
+    if longer:
+        holds = total if plan.progress is False else -(-total // BAR_UPDATES)
+        cap = next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
         cap = max(cap, previous or 0)
     return Schedule(
         first_step=first_step + plan.num_warmup - loop_warmup,
@@ -81,17 +87,16 @@ def schedule(
         chunk_len=cap,
         grid=grid,
         cap=cap,
-        fit=DEFAULT_CHUNK_SIZE if quiet else None,
+        fit=DEFAULT_CHUNK_SIZE if cap > grid else None,
     )
 
 
-def watched(plan: Any) -> bool:
-    """Whether something looks at the run's chunk boundaries: a progress bar (with its
-    monitor), checkpoints, ``until`` or ``warmup_until``; several processes (each must
-    build the same program, and only one shows a bar) count as watched too."""
+def needs_boundaries(plan: Any) -> bool:
+    """Whether something needs the run's chunk boundaries every 250 draws: the
+    monitor, checkpoints, ``until`` or ``warmup_until``; several processes (each must
+    build the same program, and only one shows a bar) count too."""
     return (
-        shows_progress(plan.progress)
-        or plan.monitor
+        plan.monitor
         or plan.checkpoint is not None
         or plan.until is not None
         or plan.warmup_until is not None
@@ -132,18 +137,6 @@ def chunk_scalars(start: int, count: int, mesh: Any) -> tuple[jax.Array, jax.Arr
     return _mesh.replicate((np.int32(start), np.int32(count)), mesh)
 
 
-def run_chunk(
-    loop: Any, state: Any, placed: Any, thinning: int, sched: Schedule, at: int, count: int
-) -> tuple[float, Any, Any]:  # fmt: skip
-    """Loop draws ``at..at+count-1`` from ``state``, as one chunk: seconds, state, output."""
-    start, valid = chunk_scalars(sched.first_step + at * thinning, count, placed.mesh)
-    t0 = time.perf_counter()
-    state, out = jax.block_until_ready(
-        loop(state, placed.chains, placed.key, start, valid, placed.params)
-    )
-    return time.perf_counter() - t0, state, out
-
-
 def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> Any:
     """An ``on_traced`` hook for the init program that compiles the loop on a second thread.
 
@@ -169,40 +162,34 @@ def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> An
 
 
 class LoopResult(NamedTuple):
-    """What the chunk loop did: time, whether Ctrl-C stopped it, and its last chunk
-    ``(at, count, state, out)`` where it was asked to hold it (not yet collected)."""
+    """What the chunk loop did: its time, and whether Ctrl-C stopped it."""
 
     sampling_time: float
     interrupted: bool
-    held: Any = None
 
 
 def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
     """Where the chunks from draw ``first`` start: on the run's grid of ``chunk_len``
-    draws (after the probe draws of ``batch_size="auto"``, the first chunk runs up to
-    the grid), so that ``until`` checks fall on the same draws whatever ran before."""
+    draws (a run resumed mid-chunk runs up to the grid first), so that ``until`` checks
+    fall on the same draws whatever ran before."""
     if first >= total:
         return []
     return [first, *range((first // chunk_len + 1) * chunk_len, total, chunk_len)]
 
 
 def run_chunks(
-    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int,
-    last: int | None = None, held: Any = None, hold: bool = False,
-) -> LoopResult:  # fmt: skip
-    """Runs draws ``first..last-1`` (``last``: ``total_draws``) chunk by chunk into ``collector``.
+    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int
+) -> LoopResult:
+    """Runs draws ``first..total_draws-1`` chunk by chunk into ``collector``.
 
-    ``held``: a chunk an earlier call held, collected once the first chunk is dispatched
-    (so the host copies it while the devices sample, as between any two chunks);
-    ``hold``: the last chunk is left for the caller (``LoopResult.held``), its draws
-    computed but not collected. Ctrl-C stops after the chunks already collected; the
-    collector then holds them.
+    Each chunk is dispatched before the previous one is collected, so the host copies
+    draws while the devices sample. Ctrl-C stops after the chunks already collected;
+    the collector then holds them.
     """
-    end = sched.total_draws if last is None else last
+    end = sched.total_draws
     t0 = time.perf_counter()
-    pending = held
-    if held is None:
-        collector.draws_done, collector.state = first, state
+    pending = None
+    collector.draws_done, collector.state = first, state
     if collector.stop:  # a resumed run that had already converged
         return LoopResult(0.0, False)
     try:
@@ -224,10 +211,9 @@ def run_chunks(
                     pending = None
                     break
             pending = (at, count, state, out)
-        if pending is not None and not hold:
+        if pending is not None:
             collector.collect(*pending)
-            pending = None
         jax.block_until_ready(state)
     except KeyboardInterrupt:
         return LoopResult(time.perf_counter() - t0, True)
-    return LoopResult(time.perf_counter() - t0, False, pending)
+    return LoopResult(time.perf_counter() - t0, False)

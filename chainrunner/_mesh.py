@@ -102,9 +102,9 @@ def request_cpu_devices(n: int) -> None:
         >>> cr.request_cpu_devices(len(jax.devices("cpu")))  # already up: same count is fine
     """
     check_int("n", n, minimum=1, where="request_cpu_devices")
-    from jax._src import xla_bridge
-
-    if xla_bridge.backends_are_initialized():
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError as e:  # JAX refuses once its backends are up
         have = len(jax.devices("cpu"))
         if have == n:
             return
@@ -112,8 +112,7 @@ def request_cpu_devices(n: int) -> None:
             f"request_cpu_devices({n}): JAX's backends are already initialised with {have} "
             "CPU device(s). Call it right after `import jax`, before any array is created "
             "(or set JAX_NUM_CPU_DEVICES in the environment)."
-        )
-    jax.config.update("jax_num_cpu_devices", n)
+        ) from e
 
 
 @dataclasses.dataclass(frozen=True)

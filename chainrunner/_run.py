@@ -5,15 +5,14 @@
 1. ``plan``: every argument check, eager, before any JAX work (``_checks``).
 2. ``resolve``: the kernel's ``Adapter`` (``adapters.as_adapter``).
 3. ``start``: fresh or continued, the kernel for the run (``_start.starting_point``).
-4. ``place``: mesh, layout, chain ids, key and parameters on the mesh (``_start.place``).
+4. ``place``: mesh, layout (``batch_size="auto"`` decided once, from the call's facts:
+   ``_choose``), chain ids, key and parameters on the mesh (``_start.place``).
 5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
    then the adapter's cross-chain warmup, where it has one.
 6. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
    ``warmup_until``: the burn-in windows (``_forget``).
 7. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
-   (``_loop.run_chunks``) into the host buffers (``_host.Collector``). Where ``place``
-   left ``batch_size="auto"`` open, the loop switches in the middle of the warmup to
-   the batch size a probe of the run chose (``_switch``, ``_choose``).
+   (``_loop.run_chunks``) into the host buffers (``_host.Collector``).
 8. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
 """
 
@@ -29,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start, _switch
+from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start
 from ._convergence import tail_probs
 from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
 from ._host import Collector, progress_bar
@@ -59,8 +58,6 @@ class Sampled(NamedTuple):
     repaired: list[str]
     sampling_time: float
     interrupted: bool
-    placed: _start.Placement  # the layout sampling ended in (``"auto"`` may switch it)
-    attrs: dict
 
 
 def run(
@@ -124,18 +121,21 @@ def run(
         batch_size: chains advanced together on one device (``lax.map`` over batches
             of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
             a device's chains in one ``vmap`` (even one chain); ``"auto"`` (the default):
-            ``None`` on GPU/TPU (1 with one chain per device); on CPU ``1``, switched in
-            the middle of the warmup to a ``vmap`` where a timed probe there finds it
-            faster and the run long enough to pay its compile (``docs/batch-size.md``).
-            The choice and its reason are in ``attrs["batch_size_choice"]``; pin
-            ``batch_size`` for the same draws on machines whose choices differ.
+            ``None`` on GPU/TPU (1 with one chain per device); on CPU ``1``, or vmaps
+            where the kernel's step is matrix work (XLA's cost analysis) and the run long
+            enough to pay their compile (``docs/batch-size.md``). Decided before the
+            first draw from facts of the call, never a timing: the same call gives the
+            same draws in every process. The choice and the facts are in
+            ``attrs["batch_size_choice"]``; pin ``batch_size`` for the same draws
+            across JAX versions.
         chunk_size: draws per compiled call; also how often the progress bar moves,
             checkpoints are written and ``until`` checks. ``None``: ``min(total draws,
-            250)`` where something watches the chunks (a progress bar, ``monitor``,
-            ``checkpoint``, ``until``, ``warmup_until``, several processes); otherwise
-            500, 1000 or 2000, the first that holds the run (a continued trace's, if
-            longer), fewer where a device's outputs would pass about 64 MiB, at least
-            250 (each call costs a short run a millisecond or more; ``docs/long-runs.md``).
+            250)`` where something needs the boundaries (``monitor``, ``checkpoint``,
+            ``until``, ``warmup_until``, several processes); otherwise 250, 500, 1000 or
+            2000, the first that holds the run (``progress=False``) or an eighth of it
+            (a bar may show: it moves at least 8 times; a terminal never changes the
+            chunks); a continued trace's, if longer; fewer where a device's outputs
+            would pass about 64 MiB, at least 250 (``docs/long-runs.md``).
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
         keep: what to store per draw, to cut memory: a site name or list of names
@@ -219,9 +219,8 @@ def run(
     loop, compile_time = _compile(plan, placed, sched, warm, ahead)
     sched, compile_time = _loop.fitted(sched, loop), compile_time + init.compile_time
     warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
-    sampled = _sample(plan, start, placed, sched, warm, loop, compile_time)
-    trace = _assemble(plan, adapter, start, sampled.placed, sched, init, warm, sampled,
-                      compile_time)  # fmt: skip
+    sampled = _sample(plan, start, placed, sched, warm, loop)
+    trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled, compile_time)
     _report(plan, start, sched, trace, sampled)
     return trace
 
@@ -336,13 +335,13 @@ def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
     }
 
 
-def _resume(
+def _open_checkpoint(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any, collector: Collector,
-) -> tuple[Any, int, Any]:  # fmt: skip
-    """``(checkpoint, first draw, state)``: a checkpoint's finished chunks, restored."""
+    warm: Warm, loop: Any,
+) -> Any:  # fmt: skip
+    """The run's checkpoint folder, opened (and checked against this run), or ``None``."""
     if plan.checkpoint is None:
-        return None, 0, warm.state
+        return None
     config = {
         **describe(plan, start, placed, sched),
         "fingerprint": _checkpoint.fingerprint(
@@ -360,92 +359,49 @@ def _resume(
             ChainrunnerWarning,
             stacklevel=caller_stacklevel(),
         )
+    return ckpt
+
+
+def _restore(
+    ckpt: Any, collector: Collector, placed: _start.Placement, state: Any, loop: Any
+) -> tuple[int, Any]:
+    """``(first draw, state)``: a checkpoint's finished chunks, restored into ``collector``."""
+    if ckpt is None:
+        return 0, state
     sinks = {"posterior": collector.main, "warmup_posterior": collector.warmup}
     first = _checkpoint.restore(ckpt, sinks, loop.out_info[1])
-    state = warm.state
     if ckpt.chunks:
         layout = placed.layout
         saved = ckpt.read_state(state)  # n chains, as written
         state = _mesh.place(_mesh.pad(saved, layout.num_chains, layout.padded), placed.mesh)
     _distributed.barrier("chainrunner-checkpoint-read")  # before process 0 writes on
-    return ckpt, first, state
+    return first, state
 
 
 def _sample(
     plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any, compile_time: float,
+    warm: Warm, loop: Any,
 ) -> Sampled:  # fmt: skip
-    """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``
-    (``batch_size="auto"``: switching to the chosen batch size in the middle of the warmup)."""
+    """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
     total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
     try:
-        collector = Collector(plan, sched, placed, loop.out_info[1], bar, None, _until(plan, start))
-        ckpt, first, state = _resume(plan, start, placed, sched, warm, loop, collector)
-        collector.ckpt = ckpt
+        ckpt = _open_checkpoint(plan, start, placed, sched, warm, loop)
+        collector = Collector(plan, sched, placed, loop.out_info[1], bar, ckpt, _until(plan, start))
+        first, state = _restore(ckpt, collector, placed, warm.state, loop)
         collector.replay(first)
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning + (sched.first_step - start.first_step))
-        looped = _loop_stage(plan, start, placed, sched, warm, loop, collector, state, first,
-                             compile_time)  # fmt: skip
+        looped = _loop.run_chunks(loop, state, placed, plan, sched, collector, first)
     finally:
         bar.close()
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []
-    interrupted = looped.result.interrupted or stopped
-    return Sampled(collector, resumed, repaired, looped.result.sampling_time, interrupted,
-                   looped.placed, looped.attrs)  # fmt: skip
-
-
-class _Looped(NamedTuple):
-    """What the loop stage did, the layout it ended in, and its attrs (the probe's cost)."""
-
-    result: _loop.LoopResult
-    placed: _start.Placement
-    attrs: dict
-
-
-def _loop_stage(
-    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any, collector: Collector, state: Any, first: int, compile_time: float,
-) -> _Looped:  # fmt: skip
-    """The chunks; where ``place`` left ``batch_size="auto"`` open and the run reaches
-    its switch point (``_switch.where``: the middle of the warmup), the chunks up to
-    it, the switch (``_switch.early`` or ``_switch.settle``), then the rest with the
-    chosen batch size."""
-    placed, switch_at = _switch.where(plan, start, placed, sched)
-    head = _loop.run_chunks(loop, state, placed, plan, sched, collector, first, switch_at,
-                            hold=switch_at is not None)  # fmt: skip
-    if switch_at is None or head.interrupted or collector.stop:
-        if head.held is not None:
-            collector.collect(*head.held)
-        return _Looped(head._replace(held=None), placed._replace(probe=False), {})
-    elapsed = compile_time + head.sampling_time
-    pace = head.sampling_time / (switch_at - first) if switch_at > first else None
-    kept = _switch.early(plan, start, placed, sched, switch_at, elapsed, compile_time, pace)
-    if kept is not None:  # 1 goes on, its next chunk dispatched before the held one is collected
-        go_on = state if head.held is None else head.held[2]
-        rest = _loop.run_chunks(loop, go_on, placed, plan, sched, collector, switch_at,
-                                held=head.held)  # fmt: skip
-        result = _loop.LoopResult(head.sampling_time + rest.sampling_time, rest.interrupted)
-        return _Looped(result, kept, {})
-    if head.held is not None:
-        collector.collect(*head.held)
-    if collector.stop:
-        return _Looped(head._replace(held=None), placed._replace(probe=False), {})
-    try:
-        sw = _switch.settle(plan, start, warm.kernel, placed, sched, loop, collector, switch_at,
-                            compile_time, elapsed)  # fmt: skip
-    except KeyboardInterrupt:  # the draws collected so far come back
-        return _Looped(head._replace(interrupted=True), placed._replace(probe=False), {})
-    rest = _loop.run_chunks(sw.loop, sw.state, sw.placed, plan, sched, collector, sw.at)
-    result = _loop.LoopResult(head.sampling_time + sw.kept_time + rest.sampling_time,
-                              rest.interrupted)  # fmt: skip
-    timed = {} if sw.probe_time is None else {"batch_size_probe_time": sw.probe_time}
-    return _Looped(result, sw.placed, timed)
+    interrupted = looped.interrupted or stopped
+    return Sampled(collector, resumed, repaired, looped.sampling_time, interrupted)
 
 
 def _flush(ckpt: Any) -> bool:
@@ -494,7 +450,6 @@ def _assemble(
         **({"resumed_from_draw": sampled.resumed_from} if sampled.resumed_from is not None else {}),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
-        **sampled.attrs,
         **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
         **adapter.attrs(),
     }

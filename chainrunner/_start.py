@@ -118,8 +118,6 @@ class Placement(NamedTuple):
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
-        probe: ``batch_size="auto"`` is still to be measured (``_switch.settle``, in the
-            middle of the warmup).
     """
 
     mesh: Mesh
@@ -129,7 +127,6 @@ class Placement(NamedTuple):
     init_chains: jax.Array
     key: jax.Array
     params: Any
-    probe: bool = False
 
 
 @functools.lru_cache(maxsize=16)
@@ -176,22 +173,17 @@ def replicate_params(kernel: Kernel, mesh: Mesh) -> Any:
     return placed
 
 
-def place(plan: Plan, start: Start, choice: _choose.Choice | None = None,
-          mesh: Mesh | None = None) -> Placement:  # fmt: skip
-    """Builds the mesh and layout, and places chain indices, key and parameters on it.
-
-    ``choice`` and ``mesh`` (both or neither) place the chains again, with another
-    batch size (``batch_size="auto"`` trying a candidate).
-    """
+def place(plan: Plan, start: Start) -> Placement:
+    """Builds the mesh and layout (``batch_size="auto"`` decided here, once: ``_choose``),
+    and places chain indices, key and parameters on it."""
     n = start.num_chains
+    mesh = plan.mesh
     if mesh is None:
-        mesh = plan.mesh
-        if mesh is None:
-            # Several processes: every process must hold part of the mesh: all devices.
-            multi = _distributed.is_multiprocess()
-            mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
-        _distributed.check_mesh_spans_processes(mesh, "run")
-    choice = choice or _choose.choose(plan, start, mesh)
+        # Several processes: every process must hold part of the mesh: all devices.
+        multi = _distributed.is_multiprocess()
+        mesh = _mesh.chain_mesh(None if multi else min(n, len(jax.devices())))
+    _distributed.check_mesh_spans_processes(mesh, "run")
+    choice = _choose.choose(plan, start, mesh)
     layout = _mesh.make_layout(n, mesh, choice.batch_size)
     chains = _placed_ids(n, layout.padded, mesh, None)
     return Placement(
@@ -202,5 +194,4 @@ def place(plan: Plan, start: Start, choice: _choose.Choice | None = None,
         init_chains=_placed_ids(n, layout.padded, mesh, plan.superchains),
         key=_mesh.replicate(plan.rng_key, mesh),
         params=replicate_params(start.kernel, mesh),
-        probe=choice.probe,
     )

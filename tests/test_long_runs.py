@@ -240,8 +240,9 @@ class _Terminal(io.StringIO):
 
 
 def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatch):
-    """``chunk_size=None``: up to 2000 draws per call when nothing watches the boundaries
-    (the same draws as chunks of 250); 250 with a progress bar, checkpoints or ``until``."""
+    """``chunk_size=None``: up to 2000 draws per call (the same draws as chunks of 250):
+    the whole run with ``progress=False``, an eighth of it where a bar may show (at least
+    250), 250 with checkpoints, ``until`` or the monitor; never a terminal's say."""
     kw = {**KW, "batch_size": 1, "num_warmup": 100}
     quiet = cr.run(NUTS, jax.random.key(5), X0, 2100, **kw)  # 2200 draws: 2000, then 200
     fixed = cr.run(NUTS, jax.random.key(5), X0, 2100, chunk_size=250, **kw)
@@ -257,7 +258,6 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
     assert more.attrs["chunk_size"] == 2000 and _programs.trace_counts == before
     assert cr.run(NUTS, jax.random.key(5), X0, 300, **kw).attrs["chunk_size"] == 500
     watched = {
-        "progress": {"progress": True},
         "checkpoint": {"checkpoint": tmp_path / "ckpt"},
         "until": {"until": cr.Converged(rhat=1.5, ess_bulk=10, ess_tail=10)},
     }
@@ -265,13 +265,35 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
         trace = cr.run(NUTS, jax.random.key(5), X0, 400, **{**kw, **extra})
         assert trace.attrs["chunk_size"] == 250, name
     assert cr.run(NUTS, jax.random.key(5), X0, 100, **kw).attrs["chunk_size"] == 200  # one
-    # progress=None: a bar (and chunks of 250) where stderr is a terminal, as tqdm decides
-    kw["progress"] = None
-    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal
-    assert cr.run(NUTS, jax.random.key(5), X0, 400, **kw).attrs["chunk_size"] == 500
+    # progress=None or True: an eighth of the run per chunk, whether or not stderr is a
+    # terminal (a bar shows where tqdm decides; the programs are the same)
+    for progress, stderr in [(None, io.StringIO()), (None, _Terminal()), (True, _Terminal())]:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        for steps, chunk in [(400, 250), (3900, 500), (7900, 1000), (20000, 2000)]:
+            bar = {**kw, "progress": progress, "num_warmup": 0}
+            trace = _schedule_of(steps, **bar)
+            assert trace == chunk, (progress, steps)
     monkeypatch.setattr(sys, "stderr", _Terminal())
+    kw["progress"] = None
     assert cr.run(NUTS, jax.random.key(5), X0, 400, **kw).attrs["chunk_size"] == 250
     assert "500/500" in sys.stderr.getvalue()  # the bar was shown
+
+
+def _schedule_of(num_samples, **kw):
+    """The chunk length ``run`` would take, from its plan (nothing sampled)."""
+    from chainrunner import _checks, _loop
+
+    options = {k: kw.get(k, v) for k, v in _PLAN_DEFAULTS.items()}
+    plan = _checks.plan(jax.random.key(0), num_samples, **options)
+    return _loop.schedule(plan, 0, False).chunk_len
+
+
+_PLAN_DEFAULTS = {
+    "num_warmup": 0, "num_chains": None, "thinning": 1, "mesh": None, "batch_size": "auto",
+    "chunk_size": None, "progress": None, "keep_warmup": False, "keep": None,
+    "checkpoint": None, "monitor": False, "warn": True, "on_bad_init": "raise",
+    "init_jitter": 1.0, "until": None, "superchains": None, "warmup_until": None,
+}  # fmt: skip
 
 
 def test_a_quiet_chunk_keeps_a_devices_outputs_within_its_bytes(monkeypatch):
