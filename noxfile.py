@@ -31,6 +31,16 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def quick(session: nox.Session) -> None:
+    """The fast loop: the suite without the tests marked slow (tests/conftest.py), 3.11."""
+    session.install("-e", ".[test,pymc]")
+    session.run(
+        "pytest", "tests", "-m", "not slow", "-p", "no:cacheprovider", "-n", "auto",
+        *session.posargs, env={"JAX_NUM_CPU_DEVICES": "8"},
+    )  # fmt: skip
+
+
+@nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff format --check and ruff check."""
     session.install("ruff")

@@ -21,8 +21,8 @@ The rule (``docs/batch-size.md`` has the measurements behind each constant):
   matrix work (``MATRIX_FLOPS`` or more: a vmap turns matrix-vector products into
   matrix-matrix ones), or, on jax older than 0.11, where a device holds
   ``SMALL_MODEL_WIDTH`` chains or more (per-op overhead amortised; on jax 0.12 a vmap
-  of a small model measured 0.3-0.4x the speed of ``1``). The vmap is of ``WIDEST``
-  chains where a device holds more.
+  of a small model measured 0.3-0.4x the speed of ``1``). Matrix work takes vmaps of
+  ``WIDEST`` chains where a device holds more; a small model one vmap of all.
 
 The choice and the facts it came from go to ``attrs["batch_size_choice"]``.
 """
@@ -65,8 +65,10 @@ MIN_CHAIN_STEPS = 10_000
 """Runs of fewer steps x chains per device keep ``1`` without costing the step (a vmap
 would need a step of over 2e6 flops to pay its compile there)."""
 WIDEST = 8
-"""With more chains per device, vmaps of this many (8 was faster than one vmap of all on
-21 of the 32 such rows of the grid)."""
+"""A step of matrix work with more chains per device: vmaps of this many (8 was faster
+than one vmap of all on the grid's logistic and matmul rows at 64 and 4096 chains). A
+small model on jax < 0.11 takes one vmap of all: on the long rows of 64 chains on 2
+devices, 1.6-1.8x the speed of vmaps of 8 (``benchmarks/results/batch_size-long-rows.json``)."""
 _COSTS = LRU(64)
 
 
@@ -122,7 +124,8 @@ def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
            f"than its {VMAP_COMPILE_S:g} s compile"  # fmt: skip
     if saved < VMAP_COMPILE_S:
         return Choice(1, _one(f"{facts}; a vmap would save about {than}"))
-    width = WIDEST if per_device > WIDEST else None
+    # Matrix work: vmaps of WIDEST; a small model's per-op overhead: one vmap of all
+    width = WIDEST if per_device > WIDEST and flops >= MATRIX_FLOPS else None
     named = "all, one vmap" if width is None else f"{width}, vmaps of {width} chains"
     return Choice(width, f"auto: {named} ({facts}; a vmap saves about {than})")
 
