@@ -21,7 +21,7 @@ from ._kernel import Kernel
 from ._programs import chunk_program
 
 QUIET_CHUNK_SIZE = 2000
-"""Draws per compiled call at most in a quiet run (``schedule``) with ``chunk_size=None``:
+"""Draws per compiled call at most (``schedule``) with ``chunk_size=None``:
 a run of 1000 warmup steps and 1000 draws (numpyro's and Stan's default) in one call."""
 QUIET_STEPS = (500, 1000, QUIET_CHUNK_SIZE)
 """A longer chunk: the first of these that holds the run (or an eighth of it, under a

@@ -22,8 +22,8 @@ from . import _ensemble, _mesh
 from ._compile import TRACE_LOCK
 from ._kernel import Kernel
 
-# A quiet run's chunk (``_loop.schedule``: nothing watches its boundaries) is longer than
-# the default 250 draws only while its outputs stay within this many bytes per device.
+# A chunk longer than the default 250 draws (``_loop.schedule``) stays so only while its
+# outputs stay within this many bytes per device.
 QUIET_CHUNK_BYTES = 64 * 2**20
 
 # Number of times each program body has been traced (a trace precedes every compile).
@@ -60,7 +60,7 @@ def draw_bytes(out_shape: Any) -> int:
 
 
 def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
-    """Rows of a quiet run's chunk: ``cap``, fewer where ``chains`` chains' outputs
+    """Rows of a longer chunk: ``cap``, fewer where ``chains`` chains' outputs
     (``out_shape``: one chain's draw) would pass ``QUIET_CHUNK_BYTES``, never under ``least``."""
     per_draw = chains * draw_bytes(out_shape)
     if per_draw == 0:
@@ -208,7 +208,7 @@ def chunk_program(
     """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
 
     ``n`` is the number of real chains; an ensemble's program depends on it. The
-    outputs have ``chunk_len`` rows per chain, or with ``fit`` (a quiet run) as many
+    outputs have ``chunk_len`` rows per chain, or with ``fit`` (a longer chunk) as many
     of them, at least ``fit``, as keep a device's outputs within ``QUIET_CHUNK_BYTES``
     (``fitted_rows``, for ``ceil(n / devices)`` chains: the same rows for every batch size).
     """
