@@ -68,8 +68,9 @@ ONLY_ON = {
 
 
 # The fast loop (``nox -s quick``: ``-m "not slow"``, Python 3.11) leaves these out: the
-# pages' code, statistical checks against references and other samplers, several
-# processes, and the single tests of 10 s or more on 2 cores. CI runs everything.
+# pages' code, statistical checks against references and other samplers (PyMC, numpyro's
+# MCMC, posteriordb), the warmups, ensembles, bitwise fixtures and properties, several
+# processes, and single tests of 10 s or more on 2 cores. CI runs everything.
 SLOW = [
     "test_docs.py::test_page_code_runs*",
     "test_examples.py::*",
@@ -77,17 +78,17 @@ SLOW = [
     "test_posteriordb.py::*",
     "test_numpyro_data.py::*",
     "test_pmap_recipe.py::*",
-    "test_pymc.py::test_posterior_means_match_pm_sample*",
-    "test_ensemble.py::test_moments_and_the_same_draws_on_1_2_and_8_devices*",
-    "test_ensemble.py::test_numpyro_vectorized_draws*",
-    "test_ensemble.py::test_batch_size_chunks_thinning_and_continuing",
-    "test_cross_chain_sharded.py::test_bitwise_on_1_2_3_8_devices_and_padding*",
+    "test_pymc.py::*",
+    "test_arviz_numpyro.py::*",
+    "test_ensemble.py::*",
+    "test_cross_chain_sharded.py::*",
+    "test_warmup.py::*",
+    "test_bitwise.py::*",
+    "test_properties.py::*",
     "test_run.py::test_same_batch_width_is_bitwise_across_device_counts",
     "test_long_runs.py::test_sigkill_then_resume_equals_uninterrupted",
     "test_long_runs.py::test_a_quiet_chunk_keeps_a_devices_outputs_within_its_bytes",
-    "test_warmup.py::test_cross_chain_padding_is_masked_and_layout_free*",
     "test_numpyro.py::test_draws_do_not_depend_on_the_device_count",
-    "test_properties.py::test_layout_shapes_and_draws",
 ]
 
 
