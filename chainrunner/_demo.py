@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_batch_size,
         default="auto",
         help="chains advanced together on a device: an int, 'all' (one vmap) or 'auto' "
-        "(the default: measured per run on CPU, see docs/batch-size.md)",
+        "(the default: decided from the call on CPU, see docs/batch-size.md)",
     )
     parser.add_argument("--samples", type=int, default=1000, help="draws per chain")
     parser.add_argument("--warmup", type=int, default=500, help="burn-in steps per chain")

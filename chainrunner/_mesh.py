@@ -154,7 +154,8 @@ def auto_batch_size(
 ) -> tuple[int | None, str]:
     """Resolves ``batch_size="auto"`` by a fixed rule; returns the batch size and why.
 
-    ``cr.chain_map``'s rule (``run`` measures instead, see ``_choose``):
+    ``cr.chain_map``'s rule (``run`` also weighs the step's cost and the run's length, see
+    ``_choose``):
 
     - **CPU devices: 1.** Each device computes its chains one after another, without
       ``vmap``: a ``vmap`` turns a function's loops into loops until the slowest chain
