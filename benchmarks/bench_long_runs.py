@@ -106,7 +106,7 @@ def verify_cost(quick):
     import jax.numpy as jnp
 
     import chainrunner as cr
-    from chainrunner import _checkpoint
+    from chainrunner.output import _checkpoint
 
     dim, draws, chunk = (1000, 8000, 1000) if not quick else (100, 400, 100)
 

@@ -33,7 +33,7 @@ def chunk_times(kernel, opts, batch_size):
     import numpy as np
 
     import chainrunner as cr
-    from chainrunner import _host
+    from chainrunner.pipeline import _host
 
     stamps, collect = [], _host.Collector.collect
 

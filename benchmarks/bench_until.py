@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 
 def _checking_clock():
     """Patches ``_until.evaluate`` to add up its seconds; returns the running total."""
-    from chainrunner import _until
+    from chainrunner.stopping import _until
 
     spent = [0.0]
     real = _until.evaluate
@@ -59,7 +59,7 @@ def converged_answer(models, reps):
     from numpyro.infer import MCMC, NUTS
 
     import chainrunner as cr
-    from chainrunner import _until
+    from chainrunner.stopping import _until
 
     spent = _checking_clock()
     rows = []
@@ -117,7 +117,7 @@ def nested_vs_classic(chain_counts, quick):
     import numpy as np
 
     import chainrunner as cr
-    from chainrunner import _convergence
+    from chainrunner.stopping import _convergence
 
     def step(rng_key, x):
         return 0.95 * x + jnp.sqrt(1 - 0.95**2) * jax.random.normal(rng_key, x.shape), {}

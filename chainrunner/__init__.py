@@ -1,28 +1,27 @@
 """chainrunner: many MCMC chains across JAX devices, in one call."""
 
-__version__ = "0.1.0"
-
-from ._cache import enable_compilation_cache as enable_compilation_cache
-from ._chain_map import chain_map as chain_map
-from ._diagnostics import ChainrunnerWarning as ChainrunnerWarning
-from ._diagnostics import Diagnostics as Diagnostics
-from ._diagnostics import diagnose as diagnose
-from ._kernel import Adapter as Adapter
-from ._kernel import CrossChainWarmup as CrossChainWarmup
-from ._kernel import Ensemble as Ensemble
-from ._kernel import Kernel as Kernel
-from ._kernel import WarmupRequest as WarmupRequest
-from ._mesh import chain_mesh as chain_mesh
-from ._mesh import request_cpu_devices as request_cpu_devices
-from ._run import run as run
-from ._run import sample as sample
-from ._trace import Trace as Trace
-from ._until import Converged as Converged
-from ._until import Forgotten as Forgotten
+from ._version import __version__ as __version__
 from .adapters import adapted_parameters as adapted_parameters
 from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
 from .adapters import from_pymc as from_pymc
+from .core._kernel import Adapter as Adapter
+from .core._kernel import CrossChainWarmup as CrossChainWarmup
+from .core._kernel import Ensemble as Ensemble
+from .core._kernel import Kernel as Kernel
+from .core._kernel import WarmupRequest as WarmupRequest
+from .layout._mesh import chain_mesh as chain_mesh
+from .layout._mesh import request_cpu_devices as request_cpu_devices
+from .output._diagnostics import ChainrunnerWarning as ChainrunnerWarning
+from .output._diagnostics import Diagnostics as Diagnostics
+from .output._diagnostics import diagnose as diagnose
+from .output._trace import Trace as Trace
+from .pipeline._run import run as run
+from .pipeline._run import sample as sample
+from .programs._cache import enable_compilation_cache as enable_compilation_cache
+from .programs._chain_map import chain_map as chain_map
+from .stopping._until import Converged as Converged
+from .stopping._until import Forgotten as Forgotten
 
 __all__ = [
     "Adapter",

@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import jax
 
-    from . import _mesh
+    from .layout import _mesh
 
     if jax.config.jax_platforms in (None, "", "cpu"):
         try:
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import blackjax
     import jax.numpy as jnp
 
-    from ._run import run
+    from .pipeline._run import run
 
     num_devices = min(args.devices, len(jax.devices()), args.chains)
     mesh = _mesh.chain_mesh(num_devices)

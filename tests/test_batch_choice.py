@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _choose, _loop
 from chainrunner.adapters import as_adapter
+from chainrunner.pipeline import _loop
+from chainrunner.programs import _choose
 
 
 def logdensity(x):
@@ -148,7 +149,7 @@ _SAME_CALL = textwrap.dedent(
     jax.config.update("jax_num_cpu_devices", 2)
     import blackjax, jax.numpy as jnp, numpy as np
     import chainrunner as cr
-    from chainrunner import _choose
+    from chainrunner.programs import _choose
 
     # Rates that make this short run "long" and its step matrix work: the rule picks a vmap
     _choose.FLOPS_PER_S, _choose.MATRIX_FLOPS, _choose.MIN_CHAIN_STEPS = 1e5, 1e3, 0

@@ -16,9 +16,14 @@ import pytest
 from blackjax.mcmc import hmc
 
 import chainrunner as cr
-from chainrunner import _diagnostics
-from chainrunner._diagnostics import ChainrunnerWarning, Diagnostics, diagnose, warn_if_needed
-from chainrunner._kernel import default_extract
+from chainrunner.core._kernel import default_extract
+from chainrunner.output import _diagnostics
+from chainrunner.output._diagnostics import (
+    ChainrunnerWarning,
+    Diagnostics,
+    diagnose,
+    warn_if_needed,
+)
 
 KEY = jax.random.key(0)
 CHAINS = 8
@@ -276,7 +281,7 @@ def test_on_bad_init_reinit_restarts_those_chains():
 PRELOAD = """
 import sys, jax, jax.numpy as jnp, numpy as np, blackjax
 import chainrunner as cr
-from chainrunner import _diagnostics
+from chainrunner.output import _diagnostics
 nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
 x0 = np.zeros((2, 2), np.float32)
 cr.run(nuts, jax.random.key(0), x0, 20, progress=False, warn=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _programs
+from chainrunner.programs import _programs
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
 KEY = jax.random.key(0)

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from interrupting import InterruptingBar
 
 import chainrunner as cr
-from chainrunner import _checkpoint, _run
-from chainrunner._diagnostics import ChainrunnerWarning
+from chainrunner.output import _checkpoint
+from chainrunner.output._diagnostics import ChainrunnerWarning
+from chainrunner.pipeline import _run
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
 X0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _forget
-from chainrunner._diagnostics import ChainrunnerWarning
+from chainrunner.output._diagnostics import ChainrunnerWarning
+from chainrunner.pipeline import _forget
 
 
 def _logdensity(x):

@@ -15,10 +15,12 @@ import pytest
 from interrupting import InterruptingBar
 
 import chainrunner as cr
-from chainrunner import _checks, _compile, _diagnostics, _host, _loop, _programs, _start
-from chainrunner._diagnostics import ChainrunnerWarning
-from chainrunner._threads import Background
 from chainrunner.adapters import as_adapter
+from chainrunner.core._threads import Background
+from chainrunner.output import _diagnostics
+from chainrunner.output._diagnostics import ChainrunnerWarning
+from chainrunner.pipeline import _host, _loop, _plan, _start
+from chainrunner.programs import _compile, _programs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KW = {"progress": False, "warn": False}
@@ -32,13 +34,13 @@ NUTS = blackjax.nuts(logdensity, 0.8, jnp.ones(2))
 X0 = jnp.zeros((5, 2))
 
 
-def _plan(**options):
+def checked_plan(**options):
     defaults = dict(
         num_warmup=0, num_chains=None, thinning=1, mesh=None, batch_size="auto",
         chunk_size=None, progress=False, keep_warmup=False, keep=None, checkpoint=None,
         monitor=False, warn=True, on_bad_init="raise", init_jitter=1.0,
     )  # fmt: skip
-    return _checks.plan(
+    return _plan.plan(
         jax.random.key(0), options.pop("num_samples", 12), **{**defaults, **options}
     )
 
@@ -47,14 +49,14 @@ def _plan(**options):
 
 
 def test_plan_checks_everything_without_jax_work():
-    plan = _plan(num_warmup=6, thinning=3, keep="x", checkpoint="somewhere")
+    plan = checked_plan(num_warmup=6, thinning=3, keep="x", checkpoint="somewhere")
     assert plan.keep == ("x",) and plan.checkpoint == "somewhere" and plan.thinning == 3
     with pytest.raises(ValueError, match="num_warmup=4 is not a multiple of thinning=3"):
-        _plan(num_warmup=4, thinning=3)
+        checked_plan(num_warmup=4, thinning=3)
 
 
 def test_start_place_schedule_and_describe():
-    plan = _plan(num_warmup=6, chunk_size=5, mesh=cr.chain_mesh(2), batch_size=2)
+    plan = checked_plan(num_warmup=6, chunk_size=5, mesh=cr.chain_mesh(2), batch_size=2)
     start = _start.starting_point(plan, as_adapter(NUTS), X0)
     assert (start.num_chains, start.first_step, start.cross_chain) == (5, 0, False)
     placed = _start.place(plan, start)
@@ -66,7 +68,7 @@ def test_start_place_schedule_and_describe():
     )
     # a cross-chain warmup runs before the loop: the loop starts after it
     assert _loop.schedule(plan, 0, True) == _loop.Schedule(6, 0, 12, 5, 5, 5)
-    from chainrunner._run import describe
+    from chainrunner.pipeline._run import describe
 
     d = describe(plan, start, placed, sched)
     assert d["num_chains"] == 5 and d["padded_chains"] == 3 and d["chunk_size"] == 5
@@ -125,7 +127,7 @@ def test_loop_compile_error_on_the_helper_thread_reaches_the_caller(monkeypatch)
 
 
 def test_checkpoint_writer_error_reaches_the_caller(tmp_path, monkeypatch):
-    from chainrunner import _checkpoint
+    from chainrunner.output import _checkpoint
 
     def broken(self, *args, **kwargs):
         raise OSError("disk full (simulated)")
@@ -180,7 +182,7 @@ def test_warnings_through_sample_point_at_the_callers_line():
 
 
 def test_interruption_warning_points_at_the_callers_line(monkeypatch):
-    from chainrunner import _run
+    from chainrunner.pipeline import _run
 
     monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=3))
     with pytest.warns(ChainrunnerWarning, match="interrupted") as caught:

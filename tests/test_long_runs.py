@@ -16,8 +16,9 @@ import pytest
 from interrupting import InterruptingBar
 
 import chainrunner as cr
-from chainrunner import _programs, _run
-from chainrunner._diagnostics import ChainrunnerWarning
+from chainrunner.output._diagnostics import ChainrunnerWarning
+from chainrunner.pipeline import _run
+from chainrunner.programs import _programs
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
 X0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32)
@@ -281,10 +282,10 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
 
 def _schedule_of(num_samples, **kw):
     """The chunk length ``run`` would take, from its plan (nothing sampled)."""
-    from chainrunner import _checks, _loop
+    from chainrunner.pipeline import _loop, _plan
 
     options = {k: kw.get(k, v) for k, v in _PLAN_DEFAULTS.items()}
-    plan = _checks.plan(jax.random.key(0), num_samples, **options)
+    plan = _plan.plan(jax.random.key(0), num_samples, **options)
     return _loop.schedule(plan, 0, False).chunk_len
 
 

@@ -15,7 +15,7 @@ from mcse import mcse
 from numpyro.infer import HMC, MCMC, NUTS, SA, BarkerMH
 
 import chainrunner as cr
-from chainrunner import _programs
+from chainrunner.programs import _programs
 
 KEY = jax.random.key(0)
 

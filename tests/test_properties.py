@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import chainrunner as cr
-from chainrunner import _programs
+from chainrunner.programs import _programs
 
 SETTINGS = dict(
     deadline=None,

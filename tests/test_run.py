@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import chainrunner as cr
-from chainrunner import _programs
+from chainrunner.programs import _programs
 
 
 def std_normal(x):
@@ -199,7 +199,7 @@ def test_replicated_params_are_reused_while_their_leaves_live():
     which can change in place, are copied every time; the entry dies with its leaves."""
     import gc
 
-    from chainrunner import _start
+    from chainrunner.pipeline import _start
 
     two, four = cr.chain_mesh(2), cr.chain_mesh(4)
     kernel = types.SimpleNamespace(params={"y": jnp.arange(3.0), "n": jnp.int32(3)})
@@ -366,7 +366,7 @@ def test_auto_batch_size_is_one_for_a_short_cpu_run_and_a_vmap_on_accelerators()
         devices = np.array([Device(), Device()])
         shape = types.MappingProxyType({"chain": 2})
 
-    from chainrunner import _mesh
+    from chainrunner.layout import _mesh
 
     assert _mesh.auto_batch_size("auto", Mesh(), 3)[0] is None
     assert _mesh.auto_batch_size("auto", Mesh(), 2) == (

@@ -12,8 +12,9 @@ import pytest
 from interrupting import InterruptingBar
 
 import chainrunner as cr
-from chainrunner import _convergence, _run
-from chainrunner._diagnostics import ChainrunnerWarning
+from chainrunner.output._diagnostics import ChainrunnerWarning
+from chainrunner.pipeline import _run
+from chainrunner.stopping import _convergence
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
 X0 = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
@@ -198,7 +199,7 @@ def test_progress_bar_shows_the_targets(monkeypatch):
 
 
 def test_non_finite_draws_never_converge():
-    from chainrunner import _until
+    from chainrunner.stopping import _until
 
     x = np.random.default_rng(8).normal(size=(4, 400, 2))
     assert _until.evaluate(x, cr.Converged(ess_bulk=10, ess_tail=10), None)[0].met
@@ -211,7 +212,7 @@ def test_non_finite_draws_never_converge():
 @pytest.mark.parametrize("seed", range(8))
 def test_checking_the_suspects_first_decides_as_a_whole_check(seed):
     """A check that starts with the columns that missed last time decides as a full one."""
-    from chainrunner import _until
+    from chainrunner.stopping import _until
 
     rng = np.random.default_rng(seed)
     m, n, k = 8, int(rng.integers(20, 300)), 6
@@ -271,7 +272,7 @@ def test_a_converged_run_computes_no_chunk_after_its_stop():
 
 
 def test_an_element_constant_everywhere_does_not_block_convergence():
-    from chainrunner import _until
+    from chainrunner.stopping import _until
 
     x = np.random.default_rng(9).normal(size=(4, 400, 3))
     x[:, :, 1] = 1.0  # constant in every chain and draw: no R-hat, no say in mixing

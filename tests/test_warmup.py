@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from mcse import mcse, mcse_sd
 
 import chainrunner as cr
-from chainrunner._warmup_window import WindowState
+from chainrunner.adapters._blackjax._warmup_window import WindowState
 
 adapted_parameters = cr.adapted_parameters
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from .._kernel import Adapter, FixedKernel, Kernel
+from ..core._kernel import Adapter, FixedKernel, Kernel
 from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
 
 __all__ = ["adapted_parameters", "as_adapter", "from_blackjax", "from_numpyro", "from_pymc"]

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -35,9 +36,9 @@ from numpyro import handlers
 from numpyro.infer.initialization import init_to_uniform, init_to_value
 from numpyro.infer.mcmc import MCMCKernel
 
-from .._kernel import Adapter, Kernel
-from .._lru import LRU
-from .._naming import numpyro_stats
+from ..core._kernel import Adapter, Kernel
+from ..core._lru import LRU
+from ..core._naming import numpyro_stats
 from ._numpyro_ensemble import build as ensemble_functions
 
 __all__ = ["NumpyroKernel", "from_numpyro"]
@@ -267,7 +268,8 @@ def _build(kernel: Any, treedef: Any, mask: tuple, statics: tuple, num_warmup: i
     def bind(params, z):
         now = [_current_trace(), *params]
         last = bound[0]
-        if last is not None and len(last) == len(now) and all(map(_same, last, now)):
+        same_trace = last is not None and len(last) == len(now) and last[0] == now[0]
+        if same_trace and all(map(_same, last[1:], now[1:])):
             return
         args, kwargs = unpack(params)
         # Side effects only: rebuilds nk's closures in this trace; the result is unused.
@@ -314,10 +316,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _current_trace() -> Any:
-    """The JAX trace being built now (the object identifies it), or ``None``."""
-    from jax._src import core
-
-    return getattr(getattr(core, "trace_ctx", None), "trace", None)
+    """What identifies the JAX trace being built now (``jax.extend``'s public handle)."""
+    return jax.extend.core.get_opaque_trace_state(None)
 
 
 class NumpyroKernel(Adapter):
@@ -450,7 +450,7 @@ class NumpyroKernel(Adapter):
             try:
                 out["log_likelihood"] = self.log_likelihood(draws)
             except Exception as e:  # the draws stand: the extra group is what fails
-                from .._diagnostics import ChainrunnerWarning, caller_stacklevel
+                from ..output._diagnostics import ChainrunnerWarning, caller_stacklevel
 
                 warnings.warn(
                     "from_numpyro(log_likelihood=True): the log likelihood could not be "

@@ -28,7 +28,7 @@ from numpyro.infer.ensemble_util import batch_ravel_pytree
 from numpyro.infer.initialization import init_to_value
 from numpyro.infer.util import initialize_model
 
-from .._kernel import Ensemble
+from ..core._kernel import Ensemble
 
 # Salt of the keys that turn given constrained positions into unconstrained values.
 _POSITION_SALT = 0x1417

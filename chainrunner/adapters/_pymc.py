@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._kernel import Adapter, CrossChainWarmup, Kernel, WarmupRequest
-from .._lru import LRU
+from ..core._kernel import Adapter, CrossChainWarmup, Kernel, WarmupRequest
+from ..core._lru import LRU
 from ._blackjax import ADAPTATIONS, from_blackjax
 
 __all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
@@ -454,7 +454,7 @@ class PymcModel(Adapter):
         if self.want_log_likelihood and complete:
             missing = sorted({rv.name for rv in self.model.free_RVs} - set(draws))
             if missing:  # keep= left them out: the draws stand, the group cannot be made
-                from .._diagnostics import ChainrunnerWarning, caller_stacklevel
+                from ..output._diagnostics import ChainrunnerWarning, caller_stacklevel
 
                 warnings.warn(
                     f"from_pymc(log_likelihood=True): the draws have no {missing} (keep= "
@@ -528,7 +528,7 @@ def _sampler(algorithm: Any, adaptation: str | None, logdensity_fn: Callable, op
     """The blackjax adapter on the model's log density (``from_blackjax``)."""
     import blackjax
 
-    from .._kernel import FixedKernel
+    from ..core._kernel import FixedKernel
 
     if algorithm is None:
         algorithm = getattr(blackjax, _SAMPLERS[adaptation])

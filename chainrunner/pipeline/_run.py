@@ -28,16 +28,23 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _checkpoint, _checks, _distributed, _forget, _loop, _mesh, _start
-from ._convergence import tail_probs
-from ._diagnostics import ChainrunnerWarning, caller_stacklevel, preload_arviz, warn_if_needed
+from ..adapters import as_adapter
+from ..core._kernel import Adapter, Kernel, WarmupRequest
+from ..layout import _distributed, _mesh
+from ..output import _checkpoint
+from ..output._diagnostics import (
+    ChainrunnerWarning,
+    caller_stacklevel,
+    preload_arviz,
+    warn_if_needed,
+)
+from ..output._trace import Trace
+from ..programs._programs import check_keep_names
+from ..stopping._convergence import tail_probs
+from ..stopping._until import Converged, Forgotten, Until, superchain_ids
+from . import _forget, _loop, _plan, _start
 from ._host import Collector, progress_bar
 from ._init import Initialised, initialise
-from ._kernel import Adapter, Kernel, WarmupRequest
-from ._programs import check_keep_names
-from ._trace import Trace
-from ._until import Converged, Forgotten, Until, superchain_ids
-from .adapters import as_adapter
 
 
 class Warm(NamedTuple):
@@ -195,7 +202,7 @@ def run(
         >>> more.num_steps
         300
     """
-    plan = _checks.plan(
+    plan = _plan.plan(
         rng_key, num_samples, num_warmup=num_warmup, num_chains=num_chains,
         thinning=thinning, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
         progress=progress, keep_warmup=keep_warmup, keep=keep, checkpoint=checkpoint,
@@ -226,7 +233,7 @@ def run(
 
 
 def _initialise(
-    plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
+    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
     sched: _loop.Schedule,
 ) -> tuple[Initialised, Any]:  # fmt: skip
     """Initial states on the mesh; a fresh run compiles the loop meanwhile (``Ahead``)."""
@@ -248,7 +255,7 @@ def _initialise(
 
 
 def _warm_up(
-    plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
+    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
     state: Any,
 ) -> Warm:  # fmt: skip
     """The adapter's cross-chain warmup, where the run has one; else the initial state."""
@@ -270,7 +277,7 @@ def _warm_up(
 
 
 def _burn_in(
-    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
+    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any,
 ) -> tuple[Warm, _loop.Schedule]:  # fmt: skip
     """``warmup_until``: the in-loop adaptation, then windows until the chains forgot their start.
@@ -303,7 +310,7 @@ def _burn_in(
 
 
 def _compile(
-    plan: _checks.Plan, placed: _start.Placement, sched: _loop.Schedule, warm: Warm, ahead: Any
+    plan: _plan.Plan, placed: _start.Placement, sched: _loop.Schedule, warm: Warm, ahead: Any
 ) -> tuple[Any, float]:
     """The compiled chunk program (from the helper thread's compile, when it ran one)."""
     loop, dt = _loop.compile_loop(warm.kernel, plan, placed, sched, warm.state)
@@ -312,7 +319,7 @@ def _compile(
     return loop, dt
 
 
-def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
+def describe(plan: _plan.Plan, start: _start.Start, placed: _start.Placement,
              sched: _loop.Schedule) -> dict[str, Any]:  # fmt: skip
     """The run's plan and layout: in the trace's attrs, and the checkpoint's identity."""
     layout = placed.layout
@@ -336,7 +343,7 @@ def describe(plan: _checks.Plan, start: _start.Start, placed: _start.Placement,
 
 
 def _open_checkpoint(
-    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
+    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any,
 ) -> Any:  # fmt: skip
     """The run's checkpoint folder, opened (and checked against this run), or ``None``."""
@@ -379,7 +386,7 @@ def _restore(
 
 
 def _sample(
-    plan: _checks.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
+    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
     warm: Warm, loop: Any,
 ) -> Sampled:  # fmt: skip
     """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
@@ -416,7 +423,7 @@ def _flush(ckpt: Any) -> bool:
     return False
 
 
-def _until(plan: _checks.Plan, start: _start.Start) -> Until | None:
+def _until(plan: _plan.Plan, start: _start.Start) -> Until | None:
     """The convergence check schedule of the run, if it has targets."""
     if plan.until is None:
         return None
@@ -424,11 +431,11 @@ def _until(plan: _checks.Plan, start: _start.Start) -> Until | None:
 
 
 def _assemble(
-    plan: _checks.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
+    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
     sched: _loop.Schedule, init: Initialised, warm: Warm, sampled: Sampled, compile_time: float,
 ) -> Trace:  # fmt: skip
     """The ``Trace``: draws and stats on the host, the final state on the mesh, attrs."""
-    from . import __version__
+    from .._version import __version__
 
     c, layout = sampled.collector, placed.layout
     draws, stats = c.main.result()
@@ -470,7 +477,7 @@ def _assemble(
 
 
 def _report(
-    plan: _checks.Plan, start: _start.Start, sched: _loop.Schedule, trace: Trace,
+    plan: _plan.Plan, start: _start.Start, sched: _loop.Schedule, trace: Trace,
     sampled: Sampled,
 ) -> None:  # fmt: skip
     """Warns about an interruption (how to go on), or about what the diagnostics found."""

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ._kernel import Adapter, Kernel, default_extract, default_logdensity, library_attrs
-from ._lru import LRU
+from ...core._kernel import Adapter, Kernel, default_extract, default_logdensity, library_attrs
+from ...core._lru import LRU
 
 
 def strong(x: Any) -> jax.Array:

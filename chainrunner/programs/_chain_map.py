@@ -8,8 +8,8 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from . import _distributed, _mesh
-from ._checks import check_batch_size, check_mesh, leading_size
+from ..core._checks import check_batch_size, check_mesh, leading_size
+from ..layout import _distributed, _mesh
 
 
 def chain_map(

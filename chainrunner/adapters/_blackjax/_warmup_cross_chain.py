@@ -29,8 +29,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _distributed, _mesh, _warmup_sharded
-from ._kernel import (
+from ...core._kernel import (
     Adapter,
     CrossChainWarmup,
     Kernel,
@@ -39,9 +38,11 @@ from ._kernel import (
     default_logdensity,
     library_attrs,
 )
-from ._lru import LRU
-from ._naming import warmup_stats
-from ._warmup_sharded import Shape, chees_jitter
+from ...core._lru import LRU
+from ...core._naming import warmup_stats
+from ...layout import _distributed, _mesh
+from ._warmup_sharded import METHODS, Shape, chees_jitter
+from ._warmup_sharded import program as sharded_program
 from ._warmup_window import strong
 
 # Chain-independent salt for the keys of the cross-chain warmup: those keys come from
@@ -360,8 +361,8 @@ class CrossChainAdaptation(Adapter):
             o = dict(self.options)
             if self.adaptation == "meads":
                 o["num_folds"] = meads_folds(r.num_chains, o["num_folds"])
-            method = _warmup_sharded.METHODS[self.adaptation]
-            return _warmup_sharded.program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
+            method = METHODS[self.adaptation]
+            return sharded_program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
 
         program = self._programs.get(("sharded", *shape), build)
         key, state = _mesh.replicate(r.rng_key, r.mesh), _mesh.replicate(r.state, r.mesh)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._naming import flat_dict
-from ._threads import Background
+from ..core._naming import flat_dict
+from ..core._threads import Background
 
 if TYPE_CHECKING:
     from ._trace import Trace
@@ -37,7 +37,7 @@ STUCK_ACCEPTANCE = 0.01
 """A chain whose mean ``acceptance_rate`` is below this is stuck."""
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _preload: list[Background] = []
 
 
@@ -104,7 +104,7 @@ class Diagnostics:
     Examples:
         >>> import numpy as np
         >>> import chainrunner as cr
-        >>> from chainrunner._diagnostics import diagnose
+        >>> from chainrunner.output._diagnostics import diagnose
         >>> draws = np.random.default_rng(0).normal(size=(4, 500))
         >>> d = diagnose(cr.Trace(draws=draws, stats={}, final_state=None))
         >>> d.ok, d.messages, round(d.rhat["x"], 1)
@@ -210,8 +210,8 @@ def _arviz_stats(
 
 def _nested_rhat(draws: dict[str, np.ndarray], num_chains: int, superchains: int) -> dict:
     """Nested R-hat (max over elements) per variable: arviz-stats, or chainrunner's port."""
-    from ._convergence import nested_rhat as port
-    from ._until import superchain_ids
+    from ..stopping._convergence import nested_rhat as port
+    from ..stopping._until import superchain_ids
 
     ids = superchain_ids(num_chains, superchains)
     try:
@@ -315,7 +315,7 @@ def diagnose(trace: Trace) -> Diagnostics:
     Examples:
         >>> import numpy as np
         >>> import chainrunner as cr
-        >>> from chainrunner._diagnostics import diagnose
+        >>> from chainrunner.output._diagnostics import diagnose
         >>> rng = np.random.default_rng(0)
         >>> draws = rng.normal(size=(4, 400)) + np.arange(4)[:, None]  # 4 chains, 4 places
         >>> stats = {"diverging": np.zeros((4, 400), bool)}
@@ -396,7 +396,7 @@ def warn_if_needed(trace: Trace, *, stacklevel: int | None = None) -> None:
         >>> import warnings
         >>> import numpy as np
         >>> import chainrunner as cr
-        >>> from chainrunner._diagnostics import warn_if_needed
+        >>> from chainrunner.output._diagnostics import warn_if_needed
         >>> stuck = cr.Trace(draws=np.zeros((2, 10)), stats={}, final_state=None)
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")

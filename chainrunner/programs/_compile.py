@@ -18,8 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._lru import LRU
-from ._threads import Background
+from ..core._lru import LRU
+from ..core._threads import Background
 
 CACHE_SIZE = 32
 _PROGRAMS = LRU(CACHE_SIZE)

@@ -40,9 +40,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _distributed
-from ._naming import flat_dict
-from ._threads import Background
+from ..core._naming import flat_dict
+from ..core._threads import Background
+from ..layout import _distributed
 
 VERSION = 2
 GROUPS = ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats")

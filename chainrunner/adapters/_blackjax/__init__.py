@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _distributed
-from .._kernel import Adapter, Kernel
-from .._lru import LRU
-from .._warmup_cross_chain import CrossChainAdaptation
-from .._warmup_window import WindowAdaptation, WindowState
+from ...core._kernel import Adapter, Kernel
+from ...core._lru import LRU
+from ...layout import _distributed
+from ._warmup_cross_chain import CrossChainAdaptation
+from ._warmup_window import WindowAdaptation, WindowState
 
 __all__ = ["adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
 

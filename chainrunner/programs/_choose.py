@@ -35,9 +35,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _ensemble, _mesh
+from ..core._lru import LRU
+from ..layout import _mesh
+from . import _ensemble
 from ._compile import TRACE_LOCK, signature
-from ._lru import LRU
 
 VMAP_COMPILE_S = 3.0
 """Seconds a vmapped NUTS program compiles longer than the ``1`` program on CPU (measured

@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _distributed, _mesh
-from ._diagnostics import monitor_values
-from ._naming import flat_dict
+from ..core._naming import flat_dict
+from ..layout import _distributed, _mesh
+from ..output._diagnostics import monitor_values
 
 
 class Sink:

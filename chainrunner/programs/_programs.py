@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _ensemble, _mesh
+from ..core._kernel import Kernel
+from ..layout import _mesh
+from . import _ensemble
 from ._compile import TRACE_LOCK
-from ._kernel import Kernel
 
 # A chunk longer than the default 250 draws (``_loop.schedule``) stays so only while its
 # outputs stay within this many bytes per device.

@@ -28,7 +28,7 @@ def is_multiprocess() -> bool:
         more than one process.
 
     Examples:
-        >>> from chainrunner._distributed import is_multiprocess
+        >>> from chainrunner.layout._distributed import is_multiprocess
         >>> is_multiprocess()
         False
     """
@@ -42,7 +42,7 @@ def is_main_process() -> bool:
         ``jax.process_index() == 0`` (always true with one process).
 
     Examples:
-        >>> from chainrunner._distributed import is_main_process
+        >>> from chainrunner.layout._distributed import is_main_process
         >>> is_main_process()
         True
     """
@@ -78,7 +78,7 @@ def global_array(value: Any, sharding: Sharding) -> jax.Array:
         >>> import numpy as np
         >>> import chainrunner as cr
         >>> from jax.sharding import NamedSharding, PartitionSpec as P
-        >>> from chainrunner._distributed import global_array
+        >>> from chainrunner.layout._distributed import global_array
         >>> mesh = cr.chain_mesh(1)
         >>> global_array(np.arange(4.0), NamedSharding(mesh, P("chain"))).tolist()
         [0.0, 1.0, 2.0, 3.0]
@@ -107,7 +107,7 @@ def put(tree: Any, sharding: Sharding) -> Any:
         >>> import numpy as np
         >>> import chainrunner as cr
         >>> from jax.sharding import NamedSharding, PartitionSpec as P
-        >>> from chainrunner._distributed import put
+        >>> from chainrunner.layout._distributed import put
         >>> out = put({"x": np.ones(2)}, NamedSharding(cr.chain_mesh(1), P()))
         >>> out["x"].tolist()
         [1.0, 1.0]
@@ -145,7 +145,7 @@ def to_host(tree: Any) -> Any:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from chainrunner._distributed import to_host
+        >>> from chainrunner.layout._distributed import to_host
         >>> to_host({"a": jnp.arange(3)})["a"].tolist()
         [0, 1, 2]
     """
@@ -161,7 +161,7 @@ def barrier(name: str) -> None:
         name: a label for the barrier (the same in every process).
 
     Examples:
-        >>> from chainrunner._distributed import barrier
+        >>> from chainrunner.layout._distributed import barrier
         >>> barrier("example")
     """
     if is_multiprocess():
@@ -182,7 +182,7 @@ def all_equal(value: int) -> bool:
         ``True`` when the values agree in all processes.
 
     Examples:
-        >>> from chainrunner._distributed import all_equal
+        >>> from chainrunner.layout._distributed import all_equal
         >>> all_equal(3)
         True
     """
@@ -209,7 +209,7 @@ def check_mesh_spans_processes(mesh: Any, where: str) -> None:
 
     Examples:
         >>> import chainrunner as cr
-        >>> from chainrunner._distributed import check_mesh_spans_processes
+        >>> from chainrunner.layout._distributed import check_mesh_spans_processes
         >>> check_mesh_spans_processes(cr.chain_mesh(), "run")
     """
     if not is_multiprocess():

@@ -15,11 +15,13 @@ from typing import Any, NamedTuple
 import jax
 from jax.sharding import Mesh
 
-from . import _choose, _distributed, _ensemble, _mesh
-from ._checks import Plan, leading_size
-from ._kernel import Adapter, Kernel
-from ._lru import LRU
-from ._trace import Trace
+from ..core._checks import leading_size
+from ..core._kernel import Adapter, Kernel
+from ..core._lru import LRU
+from ..layout import _distributed, _mesh
+from ..output._trace import Trace
+from ..programs import _choose, _ensemble
+from ._plan import Plan
 
 # Parameters replicated on a mesh, while their leaves live (``replicate_params``).
 _REPLICATED = LRU(8)

@@ -108,7 +108,7 @@ def spread(fn: Callable, xs: Any, *, devices: int, width: int | None) -> Any:
         >>> import jax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> from jax.sharding import PartitionSpec as P
-        >>> from chainrunner._collective import spread
+        >>> from chainrunner.layout._collective import spread
         >>> mesh = cr.chain_mesh(1)
         >>> f = jax.shard_map(lambda x: spread(jnp.sin, x, devices=1, width=2), mesh=mesh,
         ...                   in_specs=P(), out_specs=P(), check_vma=False)

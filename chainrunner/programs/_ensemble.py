@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from . import _collective, _mesh
-from ._kernel import Kernel
+from ..core._kernel import Kernel
+from ..layout import _collective, _mesh
 
 
 def auto_width(num_walkers: int) -> tuple[int, str]:

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from . import _collective, _mesh
-from ._naming import warmup_stats
+from ...core._naming import warmup_stats
+from ...layout import _collective, _mesh
 
 Rows = Callable[[Callable, Any], Any]
 
@@ -54,7 +54,7 @@ def chees_jitter(jitter_amount: float) -> Callable:
     num_warmup``, so 20 bits, and the sampling kernel continues the same sequence.
 
     Examples:
-        >>> from chainrunner._warmup_sharded import chees_jitter
+        >>> from chainrunner.adapters._blackjax._warmup_sharded import chees_jitter
         >>> import jax.numpy as jnp
         >>> float(chees_jitter(1.0)(jnp.int32(0)))
         0.5

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._naming import flat_dict
+from ..core._naming import flat_dict
 
 if TYPE_CHECKING:
     from ._trace import Trace

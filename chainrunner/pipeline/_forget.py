@@ -23,10 +23,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _convergence, _distributed
-from ._diagnostics import ChainrunnerWarning, caller_stacklevel
+from ..layout import _distributed
+from ..output._diagnostics import ChainrunnerWarning, caller_stacklevel
+from ..stopping import _convergence
+from ..stopping._until import Forgotten, columns
 from ._loop import chunk_scalars
-from ._until import Forgotten, columns
 
 
 def forgotten_value(draws: Any, superchains: np.ndarray) -> float:

@@ -146,7 +146,7 @@ def columns(draws: Any) -> tuple[np.ndarray, list[str]]:
     the NaN diagnostics keep the run from counting as converged). An element constant
     within each chain but different between chains (stuck chains) stays.
     """
-    from ._naming import flat_dict
+    from ..core._naming import flat_dict
 
     arrays, names = [], []
     for name, x in flat_dict(draws).items():

@@ -14,11 +14,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _distributed, _mesh
-from ._checks import DEFAULT_CHUNK_SIZE
-from ._compile import Ahead, compiled, in_this_context
-from ._kernel import Kernel
-from ._programs import chunk_program
+from ..core._kernel import Kernel
+from ..layout import _distributed, _mesh
+from ..programs._compile import Ahead, compiled, in_this_context
+from ..programs._programs import chunk_program
+from ._plan import DEFAULT_CHUNK_SIZE
 
 QUIET_CHUNK_SIZE = 2000
 """Draws per compiled call at most (``schedule``) with ``chunk_size=None``:

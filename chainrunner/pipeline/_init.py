@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _distributed, _mesh
-from ._compile import compiled
-from ._diagnostics import ChainrunnerWarning, caller_stacklevel
-from ._kernel import Kernel
-from ._programs import chain_keys, init_program, retry_key
+from ..core._kernel import Kernel
+from ..layout import _distributed, _mesh
+from ..output._diagnostics import ChainrunnerWarning, caller_stacklevel
+from ..programs._compile import compiled
+from ..programs._programs import chain_keys, init_program, retry_key
 
 MAX_REINIT = 10
 

@@ -17,8 +17,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..core._checks import check_int
 from . import _distributed
-from ._checks import check_int
 
 AXIS = "chain"
 """The name of the mesh axis that chains are spread over."""

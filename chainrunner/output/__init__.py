@@ -1,0 +1,3 @@
+"""What a run returns and keeps: ``Trace``, ArviZ conversion, diagnostics and
+checkpoints.
+"""

@@ -1,0 +1,3 @@
+"""Stopping rules and convergence: vectorised R-hat and ESS, ``until=`` and
+``warmup_until=``'s targets.
+"""
