@@ -40,9 +40,7 @@ def checked_plan(**options):
         chunk_size=None, progress=False, keep_warmup=False, keep=None, checkpoint=None,
         monitor=False, warn=True, on_bad_init="raise", init_jitter=1.0,
     )  # fmt: skip
-    return _plan.plan(
-        jax.random.key(0), options.pop("num_samples", 12), **{**defaults, **options}
-    )
+    return _plan.plan(jax.random.key(0), options.pop("num_samples", 12), **{**defaults, **options})
 
 
 # -- the stages, one by one -----------------------------------------------------------
@@ -62,15 +60,16 @@ def test_start_place_schedule_and_describe():
     placed = _start.place(plan, start)
     assert placed.layout.padded == 8 and placed.layout.batch_size == 2
     assert np.asarray(placed.chains).tolist() == [0, 1, 2, 3, 4, 4, 4, 4]
-    sched = _loop.schedule(plan, start.first_step, start.cross_chain)
+    sched = _loop.schedule(plan, start, placed.layout, start.kernel, None)
     assert sched == _loop.Schedule(
-        first_step=0, warmup_draws=6, total_draws=18, chunk_len=5, grid=5, cap=5, fit=None
+        first_step=0, warmup_draws=6, total_draws=18, chunk_len=5, thinning=1
     )
     # a cross-chain warmup runs before the loop: the loop starts after it
-    assert _loop.schedule(plan, 0, True) == _loop.Schedule(6, 0, 12, 5, 5, 5)
-    from chainrunner.pipeline._run import describe
+    crossed = start._replace(cross_chain=True)
+    assert _loop.schedule(plan, crossed, placed.layout, start.kernel, None) == (6, 0, 12, 5, 1)
+    from chainrunner.pipeline._run import Run, describe
 
-    d = describe(plan, start, placed, sched)
+    d = describe(Run(plan, as_adapter(NUTS), start, placed), sched)
     assert d["num_chains"] == 5 and d["padded_chains"] == 3 and d["chunk_size"] == 5
 
 

@@ -282,11 +282,14 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
 
 def _schedule_of(num_samples, **kw):
     """The chunk length ``run`` would take, from its plan (nothing sampled)."""
-    from chainrunner.pipeline import _loop, _plan
+    from chainrunner.adapters import as_adapter
+    from chainrunner.pipeline import _loop, _plan, _start
 
     options = {k: kw.get(k, v) for k, v in _PLAN_DEFAULTS.items()}
     plan = _plan.plan(jax.random.key(0), num_samples, **options)
-    return _loop.schedule(plan, 0, False).chunk_len
+    start = _start.starting_point(plan, as_adapter(NUTS, "run"), X0)
+    layout = _start.place(plan, start).layout
+    return _loop.schedule(plan, start, layout, start.kernel, None).chunk_len
 
 
 _PLAN_DEFAULTS = {

@@ -27,7 +27,7 @@ from ..layout import _distributed
 from ..output._diagnostics import ChainrunnerWarning, caller_stacklevel
 from ..stopping import _convergence
 from ..stopping._until import Forgotten, columns
-from ._loop import chunk_scalars
+from ._loop import Chunks, Schedule, run_chunks
 
 
 def forgotten_value(draws: Any, superchains: np.ndarray) -> float:
@@ -60,26 +60,40 @@ class BurnIn(NamedTuple):
 
 
 class Windows:
-    """Runs the chunk program over loop draws ``at..at+count-1`` and brings them to the host."""
+    """Runs loop draws ``at..at+count-1`` through ``_loop.run_chunks`` and brings the real
+    chains' draws to the host."""
 
-    def __init__(self, loop: Any, placed: Any, first_step: int, chunk_len: int, thinning: int):
-        self.loop, self.placed = loop, placed
-        self.first_step, self.chunk_len, self.thinning = first_step, chunk_len, thinning
+    def __init__(self, chunks: Chunks, num_chains: int, sched: Schedule):
+        self.chunks, self.num_chains, self.sched = chunks, num_chains, sched
 
     def run(self, state: Any, at: int, count: int, bar: Any = None) -> tuple[Any, Any]:
         """``(state after, (draws, stats))`` of the real chains, ``(chain, count, ...)``;
-        ``bar`` moves after each chunk."""
-        n, outs = self.placed.layout.num_chains, []
-        for lo in range(at, at + count, self.chunk_len):
-            size = min(self.chunk_len, at + count - lo)
-            start, valid = chunk_scalars(self.first_step + lo * self.thinning, size,
-                                         self.placed.mesh)  # fmt: skip
-            p = self.placed
-            state, out = self.loop(state, p.chains, p.key, start, valid, p.params)
-            outs.append(jax.tree.map(lambda x, s=size: x[:n, :s], _distributed.to_host(out)))
-            if bar is not None:
-                bar.update(size * self.thinning)
-        return state, jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *outs)
+        ``bar`` moves after each chunk. Ctrl-C stops the run (no partial warmup)."""
+        window = _Window(self.num_chains, self.sched.thinning, bar)
+        looped = run_chunks(self.chunks, state, self.sched, window, at, at + count)
+        if looped.interrupted:
+            raise KeyboardInterrupt
+        return window.state, jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *window.outs)
+
+
+class _Window:
+    """The collector of a window: each chunk's real chains on the host, in order."""
+
+    stop = False
+
+    def __init__(self, n: int, thinning: int, bar: Any):
+        self.n, self.thinning, self.bar, self.outs = n, thinning, bar, []
+        self.draws_done, self.state = 0, None
+
+    def check_due(self, draws: int) -> bool:
+        return False
+
+    def collect(self, first: int, count: int, state: Any, out: Any) -> None:
+        host = _distributed.to_host(out)
+        self.outs.append(jax.tree.map(lambda x: x[: self.n, :count], host))
+        self.draws_done, self.state = first + count, state
+        if self.bar is not None:
+            self.bar.update(count * self.thinning)
 
 
 def burn_in(

@@ -17,7 +17,7 @@ import numpy as np
 from ..core._kernel import Kernel
 from ..layout import _distributed, _mesh
 from ..programs._compile import Ahead, compiled, in_this_context
-from ..programs._programs import chunk_program
+from ..programs._programs import chunk_program, draw_shape, fitted_rows
 from ._plan import DEFAULT_CHUNK_SIZE
 
 QUIET_CHUNK_SIZE = 2000
@@ -32,62 +32,67 @@ BAR_UPDATES = 8
 
 
 class Schedule(NamedTuple):
-    """The lengths of the chunk loop.
+    """The lengths of the chunk loop, decided before anything compiles.
 
     Attributes:
         first_step: global number of the loop's first kernel step.
         warmup_draws: leading draws of the loop that are warmup (0 after a cross-chain warmup).
         total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
-        chunk_len: draws per compiled call (a longer chunk's: its compiled program's,
-            ``fitted``; before it is compiled, at most ``cap``).
-        grid: ``chunk_size`` (default 250) or the run, if shorter: the chunk of a run
-            whose boundaries something needs.
-        cap: draws per call the chunk programs are built with (at most).
-        fit: a longer chunk's programs fit ``cap`` down to ``QUIET_CHUNK_BYTES`` of outputs
-            per device, to no fewer than this many draws; ``None``: ``cap`` draws.
+        chunk_len: draws per compiled call (the rows of the chunk program's outputs).
+        thinning: kernel steps per draw.
     """
 
     first_step: int
     warmup_draws: int
     total_draws: int
     chunk_len: int
-    grid: int
-    cap: int
-    fit: int | None = None
+    thinning: int = 1
+
+    def after_burn_in(self, loop_draws: int, sample_draws: int) -> Schedule:
+        """The sampling loop after ``warmup_until``'s burn-in ran ``loop_draws`` draws:
+        its first step after the whole warmup, no warmup draws left in it."""
+        return self._replace(
+            first_step=self.first_step + loop_draws * self.thinning,
+            warmup_draws=0,
+            total_draws=sample_draws,
+        )
 
 
-def schedule(
-    plan: Any, first_step: int, cross_chain: bool, previous: int | None = None
-) -> Schedule:
+def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> Schedule:
     """The loop's lengths; a cross-chain warmup runs the warmup before the loop.
 
     ``chunk_size=None`` gives chunks of 250 draws where something needs their boundaries
     (``monitor``, checkpoints, convergence checks, several processes). Otherwise the
     chunk is the first of 250, 500, 1000 and 2000 draws that holds the run
     (``QUIET_STEPS``), or, where a progress bar may show (``progress`` not ``False``),
-    an eighth of it (``BAR_UPDATES``: the bar moves at least 8 times); ``previous``, a
-    continued trace's chunk, if longer: its program again. Fewer draws where a device's
-    outputs would pass ``QUIET_CHUNK_BYTES`` (every boundary costs a short run a
-    millisecond or more: ``docs/long-runs.md``). Whether a terminal is attached never
-    changes the chunks, so a notebook, a terminal and a pipe compile the same programs.
+    an eighth of it (``BAR_UPDATES``: the bar moves at least 8 times); a continued
+    trace's chunk, if longer: its program again. Fewer draws (not under 250) where a
+    device's outputs would pass ``QUIET_CHUNK_BYTES``: the draw's size comes from an
+    abstract trace of ``kernel`` on ``state`` (or ``start.position`` where ``state`` is
+    ``None``; ``_programs.draw_shape``), before anything compiles. Every boundary costs a
+    short run a millisecond or more (``docs/long-runs.md``). Whether a terminal is
+    attached never changes the chunks, so a notebook, a terminal and a pipe compile the
+    same programs.
     """
-    loop_warmup = 0 if cross_chain else plan.num_warmup
+    loop_warmup = 0 if start.cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
-    longer = plan.chunk_size is None and total > grid and not needs_boundaries(plan)
-    cap = grid
-    if longer:
+    chunk_len = grid
+    if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
         holds = total if plan.progress is False else -(-total // BAR_UPDATES)
         cap = next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
-        cap = max(cap, previous or 0)
+        cap = max(cap, start.previous_chunk_size or 0)
+        chunk_len = cap
+        if cap > grid:
+            position = start.position if state is None else None
+            draw = draw_shape(kernel, plan.keep, position, state, layout.num_chains)
+            chunk_len = fitted_rows(cap, DEFAULT_CHUNK_SIZE, layout.per_device, draw)
     return Schedule(
-        first_step=first_step + plan.num_warmup - loop_warmup,
+        first_step=start.first_step + plan.num_warmup - loop_warmup,
         warmup_draws=loop_warmup // plan.thinning,
         total_draws=total,
-        chunk_len=cap,
-        grid=grid,
-        cap=cap,
-        fit=DEFAULT_CHUNK_SIZE if cap > grid else None,
+        chunk_len=chunk_len,
+        thinning=plan.thinning,
     )
 
 
@@ -104,27 +109,49 @@ def needs_boundaries(plan: Any) -> bool:
     )
 
 
-def fitted(sched: Schedule, loop: Any) -> Schedule:
-    """``sched`` with the draws per call of ``loop``, a compiled chunk program."""
-    leaves = jax.tree.leaves(loop.out_info[1])  # (chain, draw, ...)
-    return sched._replace(chunk_len=leaves[0].shape[1] if leaves else sched.cap)
-
-
 def compile_loop(
-    kernel: Kernel, plan: Any, placed: Any, sched: Schedule, state: Any, on_traced=None
-) -> tuple[Any, float]:
-    """The compiled chunk program for ``state`` (arrays or shape structs), and seconds spent."""
+    kernel: Kernel, plan: Any, placed: Any, sched: Schedule, state: Any, params: Any,
+    on_traced: Any = None,
+) -> tuple[Chunks, float]:  # fmt: skip
+    """The chunk program for ``state`` (arrays or shape structs) and ``params`` (on the
+    mesh), compiled and bound to the run's chains, key and ``params``; seconds spent."""
     mesh, b = placed.mesh, placed.layout.batch_size
     zero = chunk_scalars(0, 0, mesh)
     n = placed.layout.num_chains
-    key = ("chunk", kernel.functions, mesh, b, sched.cap, sched.fit, plan.thinning, plan.keep)
-    key += (n,) if kernel.ensemble is not None or sched.fit is not None else ()
-    return compiled(
+    key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, sched.thinning, plan.keep)
+    key += (n,) if kernel.ensemble is not None else ()
+    program, seconds = compiled(
         key,
-        lambda: chunk_program(kernel, mesh, b, sched.cap, plan.thinning, plan.keep, n, sched.fit),
-        (state, placed.chains, placed.key, *zero, placed.params),
+        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n),
+        (state, placed.chains, placed.key, *zero, params),
         on_traced,
     )
+    return Chunks(program, placed, params), seconds
+
+
+class Chunks(NamedTuple):
+    """The compiled chunk program, bound to the run's chain ids, key and parameters.
+
+    ``chunks(state, first_step, count) -> (state, (draws, stats))`` runs ``count`` draws
+    from kernel step ``first_step``.
+    """
+
+    program: Any
+    placed: Any
+    params: Any
+
+    def __call__(self, state: Any, first_step: int, count: int) -> tuple[Any, Any]:
+        p = self.placed
+        start, valid = chunk_scalars(first_step, count, p.mesh)
+        return self.program(state, p.chains, p.key, start, valid, self.params)
+
+    @property
+    def out_info(self) -> Any:
+        """The program's outputs: ``(state, (draws, stats))`` as shape structs."""
+        return self.program.out_info
+
+    def as_text(self) -> str:
+        return self.program.as_text()
 
 
 @functools.lru_cache(maxsize=256)
@@ -153,7 +180,9 @@ def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> An
             ),
             init_out[0],
         )
-        go = in_this_context(lambda traced: compile_loop(kernel, plan, placed, sched, like, traced))
+        go = in_this_context(
+            lambda traced: compile_loop(kernel, plan, placed, sched, like, placed.params, traced)
+        )
         if go is not None:
             hook.ahead = Ahead(go, "chainrunner-compile-loop")
 
@@ -178,15 +207,17 @@ def _chunk_starts(first: int, total: int, chunk_len: int) -> list[int]:
 
 
 def run_chunks(
-    loop: Any, state: Any, placed: Any, plan: Any, sched: Schedule, collector: Any, first: int
+    chunks: Chunks, state: Any, sched: Schedule, collector: Any, first: int, end: int | None = None
 ) -> LoopResult:
-    """Runs draws ``first..total_draws-1`` chunk by chunk into ``collector``.
+    """Runs loop draws ``first..end-1`` (``end``: the whole loop) chunk by chunk into
+    ``collector``: the one chunk runner of sampling, warmup and burn-in.
 
     Each chunk is dispatched before the previous one is collected, so the host copies
     draws while the devices sample. Ctrl-C stops after the chunks already collected;
-    the collector then holds them.
+    the collector then holds them. The collector has ``collect(at, count, state, out)``,
+    ``check_due(draws)``, ``stop`` and receives ``draws_done`` and ``state``.
     """
-    end = sched.total_draws
+    end = sched.total_draws if end is None else end
     t0 = time.perf_counter()
     pending = None
     collector.draws_done, collector.state = first, state
@@ -202,9 +233,7 @@ def run_chunks(
                 if collector.stop:
                     break
             count = min(sched.chunk_len - at % sched.chunk_len, end - at)
-            first_step = sched.first_step + at * plan.thinning
-            start, valid = chunk_scalars(first_step, count, placed.mesh)
-            state, out = loop(state, placed.chains, placed.key, start, valid, placed.params)
+            state, out = chunks(state, sched.first_step + at * sched.thinning, count)
             if pending is not None:
                 collector.collect(*pending)  # the next chunk is already running
                 if collector.stop:  # converged: the chunk in flight is not kept

@@ -2,18 +2,21 @@
 
 ``run`` reads as its stages, each a function of its inputs that returns a value:
 
-1. ``plan``: every argument check, eager, before any JAX work (``_checks``).
+1. ``plan``: every argument check, eager, before any JAX work (``_plan``).
 2. ``resolve``: the kernel's ``Adapter`` (``adapters.as_adapter``).
 3. ``start``: fresh or continued, the kernel for the run (``_start.starting_point``).
 4. ``place``: mesh, layout (``batch_size="auto"`` decided once, from the call's facts:
-   ``_choose``), chain ids, key and parameters on the mesh (``_start.place``).
-5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
+   ``_choose``), chain ids, key and parameters on the mesh (``_start.place``). The
+   plan, adapter, start and placement are the run's context (``Run``) from here on.
+5. ``schedule``: the loop's lengths, the chunk length included (``_loop.schedule``),
+   before anything compiles; after a cross-chain warmup, once it adapted the kernel.
+6. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
    then the adapter's cross-chain warmup, where it has one.
-6. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
+7. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
    ``warmup_until``: the burn-in windows (``_forget``).
-7. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
-   (``_loop.run_chunks``) into the host buffers (``_host.Collector``).
-8. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
+8. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
+   (``_loop.run_chunks``, the one chunk runner) into the host buffers (``_host.Collector``).
+9. ``assemble`` the ``Trace``, and ``report`` (diagnostics or the interruption notice).
 """
 
 from __future__ import annotations
@@ -47,11 +50,25 @@ from ._host import Collector, progress_bar
 from ._init import Initialised, initialise
 
 
+class Run(NamedTuple):
+    """What every stage after ``place`` needs, built once: the run's context."""
+
+    plan: _plan.Plan
+    adapter: Adapter
+    start: _start.Start
+    placed: _start.Placement
+
+
 class Warm(NamedTuple):
-    """After initialisation and any cross-chain warmup: what sampling starts from."""
+    """After initialisation and any cross-chain warmup: what sampling starts from.
+
+    ``params``: the sampling kernel's parameters on the mesh (the placement's, unless a
+    cross-chain warmup adapted them).
+    """
 
     kernel: Kernel
     state: Any
+    params: Any
     draws: Any = None
     stats: dict | None = None
     attrs: dict | None = None
@@ -213,30 +230,32 @@ def run(
         preload_arviz()  # overlaps the compilation
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
-    placed = _start.place(plan, start)
-    sched = _loop.schedule(plan, start.first_step, start.cross_chain, start.previous_chunk_size)
-    if not start.cross_chain:  # a cross-chain kernel's step needs the adapted params first
-        check_keep_names(start.kernel, plan.keep, start.position, start.state)
-    init, ahead = _initialise(plan, adapter, start, placed, sched)
-    warm = _warm_up(plan, adapter, start, placed, init.state)
-    if start.cross_chain:
-        check_keep_names(warm.kernel, plan.keep, None, warm.state)
-    if warm.kernel is not start.kernel:  # the cross-chain warmup adapted the parameters
-        placed = placed._replace(params=_start.replicate_params(warm.kernel, placed.mesh))
-    loop, compile_time = _compile(plan, placed, sched, warm, ahead)
-    sched, compile_time = _loop.fitted(sched, loop), compile_time + init.compile_time
-    warm, sched = _burn_in(plan, start, placed, sched, warm, loop)
-    sampled = _sample(plan, start, placed, sched, warm, loop)
-    trace = _assemble(plan, adapter, start, placed, sched, init, warm, sampled, compile_time)
-    _report(plan, start, sched, trace, sampled)
+    ctx = Run(plan, adapter, start, _start.place(plan, start))
+    # A cross-chain kernel's step needs the adapted params: its loop is scheduled after.
+    sched = None if start.cross_chain else _schedule(ctx, start.kernel, start.state)
+    init, ahead = _initialise(ctx, sched)
+    warm = _warm_up(ctx, init.state)
+    sched = sched or _schedule(ctx, warm.kernel, warm.state)
+    chunks, compile_time = _compile(ctx, sched, warm, ahead)
+    warm, sched = _burn_in(ctx, sched, warm, chunks)
+    sampled = _sample(ctx, sched, warm, chunks)
+    trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
+    _report(ctx, sched, trace, sampled)
     return trace
 
 
-def _initialise(
-    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
-    sched: _loop.Schedule,
-) -> tuple[Initialised, Any]:  # fmt: skip
+def _schedule(ctx: Run, kernel: Kernel, state: Any) -> _loop.Schedule:
+    """The loop's lengths for ``kernel`` from ``state`` (or the start's positions), with
+    ``keep=`` names checked first (an abstract trace of one step: nothing compiles)."""
+    plan, start = ctx.plan, ctx.start
+    position = start.position if state is None else None
+    check_keep_names(kernel, plan.keep, position, state, start.num_chains)
+    return _loop.schedule(plan, start, ctx.placed.layout, kernel, state)
+
+
+def _initialise(ctx: Run, sched: _loop.Schedule | None) -> tuple[Initialised, Any]:
     """Initial states on the mesh; a fresh run compiles the loop meanwhile (``Ahead``)."""
+    plan, adapter, start, placed = ctx
     layout = placed.layout
     if start.state is not None:  # continued: the trace's final state
         state = _mesh.place(_mesh.pad(start.state, layout.num_chains, layout.padded), placed.mesh)
@@ -254,13 +273,11 @@ def _initialise(
     return init, getattr(hook, "ahead", None)
 
 
-def _warm_up(
-    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
-    state: Any,
-) -> Warm:  # fmt: skip
+def _warm_up(ctx: Run, state: Any) -> Warm:
     """The adapter's cross-chain warmup, where the run has one; else the initial state."""
+    plan, adapter, start, placed = ctx
     if not start.cross_chain:
-        return Warm(start.kernel, state)
+        return Warm(start.kernel, state, placed.params)
     t0 = time.perf_counter()
     request = WarmupRequest(
         plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup,
@@ -273,22 +290,23 @@ def _warm_up(
             lambda x: x[:, plan.thinning - 1 :: plan.thinning], (draws, stats)
         )
     attrs = {**(out.attrs or {}), "warmup_time": time.perf_counter() - t0}
-    return Warm(out.kernel, out.state, draws, stats, attrs)
+    params = _start.replicate_params(out.kernel, placed.mesh)
+    return Warm(out.kernel, out.state, params, draws, stats, attrs)
 
 
 def _burn_in(
-    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any,
-) -> tuple[Warm, _loop.Schedule]:  # fmt: skip
+    ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks
+) -> tuple[Warm, _loop.Schedule]:
     """``warmup_until``: the in-loop adaptation, then windows until the chains forgot their start.
 
     Returns what sampling starts from and the sampling schedule (its first step after the
     whole warmup, no warmup draws left in the loop).
     """
+    plan, _, start, _ = ctx
     target = plan.warmup_until
     if target is None:
         return warm, sched
-    windows = _forget.Windows(loop, placed, sched.first_step, sched.chunk_len, plan.thinning)
+    windows = _forget.Windows(chunks, start.num_chains, sched)
     ids = superchain_ids(start.num_chains, plan.superchains)
     bar = progress_bar(
         plan.progress, (sched.warmup_draws + target.max_draws) * plan.thinning, "warmup"
@@ -301,27 +319,23 @@ def _burn_in(
         bar.close()
     kept = _forget.join_warmup((warm.draws, warm.stats), out.kept) or (None, None)
     attrs = {**(warm.attrs or {}), **out.attrs(target, plan.thinning)}
-    sched = sched._replace(
-        first_step=sched.first_step + out.loop_draws * plan.thinning,
-        warmup_draws=0,
-        total_draws=plan.num_samples // plan.thinning,
-    )
+    sched = sched.after_burn_in(out.loop_draws, plan.num_samples // plan.thinning)
     return warm._replace(state=out.state, draws=kept[0], stats=kept[1], attrs=attrs), sched
 
 
-def _compile(
-    plan: _plan.Plan, placed: _start.Placement, sched: _loop.Schedule, warm: Warm, ahead: Any
-) -> tuple[Any, float]:
+def _compile(ctx: Run, sched: _loop.Schedule, warm: Warm, ahead: Any) -> tuple[_loop.Chunks, float]:
     """The compiled chunk program (from the helper thread's compile, when it ran one)."""
-    loop, dt = _loop.compile_loop(warm.kernel, plan, placed, sched, warm.state)
+    chunks, dt = _loop.compile_loop(
+        warm.kernel, ctx.plan, ctx.placed, sched, warm.state, warm.params
+    )
     if ahead is not None:
         ahead.job.result()  # raises here whatever the helper thread raised
-    return loop, dt
+    return chunks, dt
 
 
-def describe(plan: _plan.Plan, start: _start.Start, placed: _start.Placement,
-             sched: _loop.Schedule) -> dict[str, Any]:  # fmt: skip
+def describe(ctx: Run, sched: _loop.Schedule) -> dict[str, Any]:
     """The run's plan and layout: in the trace's attrs, and the checkpoint's identity."""
+    plan, _, start, placed = ctx
     layout = placed.layout
     return {
         "seed": np.asarray(jax.random.key_data(plan.rng_key)).tolist(),
@@ -342,17 +356,15 @@ def describe(plan: _plan.Plan, start: _start.Start, placed: _start.Placement,
     }
 
 
-def _open_checkpoint(
-    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any,
-) -> Any:  # fmt: skip
+def _open_checkpoint(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks) -> Any:
     """The run's checkpoint folder, opened (and checked against this run), or ``None``."""
+    plan = ctx.plan
     if plan.checkpoint is None:
         return None
     config = {
-        **describe(plan, start, placed, sched),
+        **describe(ctx, sched),
         "fingerprint": _checkpoint.fingerprint(
-            loop.as_text(), _distributed.to_host(warm.kernel.params)
+            chunks.as_text(), _distributed.to_host(warm.kernel.params)
         ),
         "state": _checkpoint.describe_state(warm.state),
     }
@@ -370,13 +382,13 @@ def _open_checkpoint(
 
 
 def _restore(
-    ckpt: Any, collector: Collector, placed: _start.Placement, state: Any, loop: Any
+    ckpt: Any, collector: Collector, placed: _start.Placement, state: Any, chunks: _loop.Chunks
 ) -> tuple[int, Any]:
     """``(first draw, state)``: a checkpoint's finished chunks, restored into ``collector``."""
     if ckpt is None:
         return 0, state
     sinks = {"posterior": collector.main, "warmup_posterior": collector.warmup}
-    first = _checkpoint.restore(ckpt, sinks, loop.out_info[1])
+    first = _checkpoint.restore(ckpt, sinks, chunks.out_info[1])
     if ckpt.chunks:
         layout = placed.layout
         saved = ckpt.read_state(state)  # n chains, as written
@@ -385,23 +397,22 @@ def _restore(
     return first, state
 
 
-def _sample(
-    plan: _plan.Plan, start: _start.Start, placed: _start.Placement, sched: _loop.Schedule,
-    warm: Warm, loop: Any,
-) -> Sampled:  # fmt: skip
+def _sample(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks) -> Sampled:
     """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
+    plan, _, start, placed = ctx
     total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
     bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
     ckpt = None
     try:
-        ckpt = _open_checkpoint(plan, start, placed, sched, warm, loop)
-        collector = Collector(plan, sched, placed, loop.out_info[1], bar, ckpt, _until(plan, start))
-        first, state = _restore(ckpt, collector, placed, warm.state, loop)
+        ckpt = _open_checkpoint(ctx, sched, warm, chunks)
+        out_like = chunks.out_info[1]
+        collector = Collector(plan, sched, placed, out_like, bar, ckpt, _until(plan, start))
+        first, state = _restore(ckpt, collector, placed, warm.state, chunks)
         collector.replay(first)
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning + (sched.first_step - start.first_step))
-        looped = _loop.run_chunks(loop, state, placed, plan, sched, collector, first)
+        looped = _loop.run_chunks(chunks, state, sched, collector, first)
     finally:
         bar.close()
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
@@ -431,12 +442,13 @@ def _until(plan: _plan.Plan, start: _start.Start) -> Until | None:
 
 
 def _assemble(
-    plan: _plan.Plan, adapter: Adapter, start: _start.Start, placed: _start.Placement,
-    sched: _loop.Schedule, init: Initialised, warm: Warm, sampled: Sampled, compile_time: float,
+    ctx: Run, sched: _loop.Schedule, init: Initialised, warm: Warm, sampled: Sampled,
+    compile_time: float,
 ) -> Trace:  # fmt: skip
     """The ``Trace``: draws and stats on the host, the final state on the mesh, attrs."""
     from .._version import __version__
 
+    plan, adapter, _, placed = ctx
     c, layout = sampled.collector, placed.layout
     draws, stats = c.main.result()
     w_draws, w_stats = c.warmup.result() if c.warmup is not None else (None, None)
@@ -445,7 +457,7 @@ def _assemble(
     attrs = {
         "chainrunner_version": __version__,
         "jax_version": jax.__version__,
-        **describe(plan, start, placed, sched),
+        **describe(ctx, sched),
         "batch_size_choice": placed.batch_choice,
         "mesh_shape": [layout.num_devices],
         "layout": layout.describe(),
@@ -476,11 +488,9 @@ def _assemble(
     )
 
 
-def _report(
-    plan: _plan.Plan, start: _start.Start, sched: _loop.Schedule, trace: Trace,
-    sampled: Sampled,
-) -> None:  # fmt: skip
+def _report(ctx: Run, sched: _loop.Schedule, trace: Trace, sampled: Sampled) -> None:
     """Warns about an interruption (how to go on), or about what the diagnostics found."""
+    plan, _, start, _ = ctx
     if sampled.interrupted:
         total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
         done = trace.num_steps - start.first_step

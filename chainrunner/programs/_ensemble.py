@@ -62,6 +62,29 @@ def check(plan: Any, num_walkers: int) -> None:
         )
 
 
+def draw_shape(kernel: Kernel, extract_of: Callable, position: Any, state: Any, n: int) -> Any:
+    """Shape structs of one walker's draw and stats, from an abstract trace of the ensemble's
+    init (where ``state``, its ``n`` rows, is ``None``), one step and the walker's extract.
+
+    The log densities are mapped with a plain ``vmap`` here: how they are spread over the
+    devices changes no shape.
+    """
+    ens, key = kernel.ensemble, jax.random.key(0)
+
+    def evaluate(fn, xs):
+        return jax.vmap(fn)(xs)
+
+    def probe(position, state, params):
+        whole = ens.init(position, key, n, params, evaluate) if state is None else ens.whole(state)
+        if ens.prepare is not None:
+            ens.prepare(whole, params, evaluate)
+        whole, info = ens.step(whole, params, evaluate)
+        row = jax.tree.map(lambda x: x[0], (ens.rows(whole), info))
+        return extract_of(params)(*row)
+
+    return jax.eval_shape(probe, position, state, kernel.params)
+
+
 def _evaluate(mesh: Mesh, width: int | None) -> Callable:
     return functools.partial(_collective.spread, devices=mesh.shape[_mesh.AXIS], width=width)
 
@@ -92,7 +115,7 @@ def init_program(
 
 
 def chunk_program(
-    kernel: Kernel, mesh: Mesh, width: int | None, n: int, chunk_len: int | Callable,
+    kernel: Kernel, mesh: Mesh, width: int | None, n: int, chunk_len: int,
     thinning: int, extract_of: Callable, trace_counts: dict,
 ) -> Callable:  # fmt: skip
     """``(rows, chain, rng_key, start, n_valid, params) -> (rows, (draws, stats))``.
@@ -100,8 +123,7 @@ def chunk_program(
     The ensemble is rebuilt from every device's rows, runs ``n_valid`` draws of
     ``thinning`` steps replicated, and each device stores its own walkers' draws
     (``extract_of(params)`` maps one walker's row and info to its draw and stats).
-    ``chunk_len``: the draws a call holds, or a function of one walker's draw (shape
-    structs) that gives them.
+    ``chunk_len``: the draws a call holds.
     """
     ens, devices = kernel.ensemble, mesh.shape[_mesh.AXIS]
 
@@ -123,9 +145,7 @@ def chunk_program(
         if ens.prepare is not None:
             ens.prepare(state, params, evaluate)
         shapes = jax.eval_shape(advance, state)[1]
-        walker = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
-        draws = chunk_len(walker) if callable(chunk_len) else chunk_len
-        buffers = jax.tree.map(lambda s: jnp.zeros((draws, *s.shape), s.dtype), shapes)
+        buffers = jax.tree.map(lambda s: jnp.zeros((chunk_len, *s.shape), s.dtype), shapes)
 
         def one(i, carry):
             state, buffers = carry

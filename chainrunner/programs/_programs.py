@@ -19,9 +19,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ..core._kernel import Kernel
+from ..core._lru import LRU
 from ..layout import _mesh
 from . import _ensemble
-from ._compile import TRACE_LOCK
+from ._compile import TRACE_LOCK, signature
 
 # A chunk longer than the default 250 draws (``_loop.schedule``) stays so only while its
 # outputs stay within this many bytes per device.
@@ -62,7 +63,8 @@ def draw_bytes(out_shape: Any) -> int:
 
 def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
     """Rows of a longer chunk: ``cap``, fewer where ``chains`` chains' outputs
-    (``out_shape``: one chain's draw) would pass ``QUIET_CHUNK_BYTES``, never under ``least``."""
+    (``out_shape``: one chain's draw, ``draw_shape``) would pass ``QUIET_CHUNK_BYTES``,
+    never under ``least``."""
     per_draw = chains * draw_bytes(out_shape)
     if per_draw == 0:
         return cap
@@ -70,7 +72,7 @@ def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
 
 
 def chunk_loop(
-    kernel: Kernel, chunk_len: int | Callable[[Any], int], thinning: int
+    kernel: Kernel, chunk_len: int, thinning: int
 ) -> Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, tuple[Any, dict]]]:
     """The inference loop of one chain for one chunk of at most ``chunk_len`` draws.
 
@@ -82,8 +84,7 @@ def chunk_loop(
     chain, so under ``vmap`` it stays one loop); the outputs keep ``chunk_len`` rows
     and the rest are zeros. One compiled program thus serves every chunk, including
     a shorter last one, with no per-step branch (a ``lax.cond`` per draw measured
-    ~17% slower for NUTS on CPU). ``chunk_len`` may be a function of one draw's
-    outputs (shape structs) that gives the rows (``fitted_rows``).
+    ~17% slower for NUTS on CPU).
     """
 
     def step_keys(step_key, first, n):
@@ -102,7 +103,7 @@ def chunk_loop(
 
     def loop(state, step_key, start, n_valid):
         out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
-        rows = chunk_len(out_shape) if callable(chunk_len) else chunk_len
+        rows = chunk_len
         # Without thinning, the chunk's keys at once (one per row: less memory than its
         # draws); with thinning, each draw's keys.
         chunk_keys = step_keys(step_key, start, rows) if thinning == 1 else None
@@ -156,14 +157,28 @@ def apply_keep(kernel: Kernel, keep: Any) -> Kernel:
     return kernel._replace(extract=kept)
 
 
-def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any) -> None:
-    """Raises ``apply_keep``'s error for ``keep`` names now, before anything compiles.
+_DRAW_SHAPES = LRU(64)
 
-    Traces (abstractly: ``eval_shape``, no compilation) one chain's init, step and
-    extract; ``position``/``state`` are the run's (leading chain axis), one of them ``None``.
+
+def draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
+    """Shape structs of one chain's draw and stats: what a chunk stores per draw.
+
+    From an abstract trace (``eval_shape``: nothing compiled) of one chain's init (where
+    ``state`` is ``None``), step and extract, with ``keep`` applied, so bad ``keep=``
+    names raise here; cached per kernel, ``keep`` and shapes. ``position``/``state`` are
+    the run's (leading chain axis), one of them ``None``; ``n``: the real chains (an
+    ensemble's walkers).
     """
-    if keep is None or callable(keep) or kernel.ensemble is not None:
-        return  # an ensemble's keep names are checked as its chunk program traces
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
+    key = (kernel.functions, keep, n, signature((one, kernel.params)))
+    return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, n))
+
+
+def _draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
+    if kernel.ensemble is not None:
+        extract_of = functools.partial(_kept_extract, kernel, keep)
+        with TRACE_LOCK:
+            return _ensemble.draw_shape(kernel, extract_of, position, state, n)
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
     key = jax.random.key(0)
 
@@ -175,7 +190,17 @@ def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any) -> No
         return k.extract(state, info)
 
     with TRACE_LOCK:
-        jax.eval_shape(probe, *one, kernel.params)
+        return jax.eval_shape(probe, *one, kernel.params)
+
+
+def _kept_extract(kernel: Kernel, keep: Any, params: Any) -> Callable:
+    return apply_keep(kernel.bind(params), keep).extract
+
+
+def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> None:
+    """Raises ``apply_keep``'s error for ``keep`` names now, before anything compiles."""
+    if keep is not None and not callable(keep):
+        draw_shape(kernel, keep, position, state, n)
 
 
 def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> Callable:
@@ -204,28 +229,23 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
 
 def chunk_program(
     kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any,
-    n: int, fit: int | None = None,
+    n: int,
 ) -> Callable:  # fmt: skip
     """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
 
-    ``n`` is the number of real chains; an ensemble's program depends on it. The
-    outputs have ``chunk_len`` rows per chain, or with ``fit`` (a longer chunk) as many
-    of them, at least ``fit``, as keep a device's outputs within ``QUIET_CHUNK_BYTES``
-    (``fitted_rows``, for ``ceil(n / devices)`` chains: the same rows for every batch size).
+    The outputs have ``chunk_len`` rows per chain (``_loop.schedule`` decides them, before
+    anything compiles). ``n`` is the number of real chains; an ensemble's program depends
+    on it.
     """
-    rows: int | Callable[[Any], int] = chunk_len
-    if fit is not None:
-        per_device = -(-n // mesh.shape[_mesh.AXIS])
-        rows = functools.partial(fitted_rows, chunk_len, fit, per_device)
     if kernel.ensemble is not None:
         return _ensemble.chunk_program(
-            kernel, mesh, batch_size, n, rows, thinning,
-            lambda params: apply_keep(kernel.bind(params), keep).extract, trace_counts,
+            kernel, mesh, batch_size, n, chunk_len, thinning,
+            functools.partial(_kept_extract, kernel, keep), trace_counts,
         )  # fmt: skip
 
     def body(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
-        loop = chunk_loop(apply_keep(kernel.bind(params), keep), rows, thinning)
+        loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning)
 
         def one_chain(args):
             state, chain = args
