@@ -1,4 +1,4 @@
-"""The code blocks in docs/ run as written (each page in its own process, 8 devices)."""
+"""The code blocks in docs/ and the README run as written (each page in its own process)."""
 
 import os
 import re
@@ -8,11 +8,15 @@ import sys
 import pytest
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs")
-PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md"))
+PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md")) + ["README.md"]
+
+
+def path_of(page):
+    return os.path.join(DOCS, "..", page) if page == "README.md" else os.path.join(DOCS, page)
 
 
 def python_blocks(page):
-    with open(os.path.join(DOCS, page)) as f:
+    with open(path_of(page)) as f:
         return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import types
 import warnings
 from collections.abc import Iterator, Mapping
@@ -606,7 +607,29 @@ def from_numpyro(
             f"{where}: kernel must be a numpyro MCMCKernel (e.g. numpyro.infer.NUTS(model)) or "
             f"a model function, got {type(kernel).__name__}."
         )
+    check_model_arguments(kernel, model_args, model_kwargs)
     return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood, data)
+
+
+def check_model_arguments(kernel: Any, model_args: tuple, model_kwargs: dict | None) -> None:
+    """A ``TypeError`` now, before any tracing, where the model cannot take its arguments
+    (a model with data passed without them), naming the model and how to pass them."""
+    model = getattr(kernel, "model", None)
+    try:
+        signature = inspect.signature(model)
+    except (TypeError, ValueError):  # no model (a potential_fn kernel), or a builtin
+        return
+    try:
+        signature.bind(*model_args, **(model_kwargs or {}))
+    except TypeError as e:
+        name = getattr(model, "__name__", "model")
+        given = f"model_args={tuple(model_args)!r}" if model_args else "no model_args"
+        raise TypeError(
+            f"from_numpyro: the numpyro model {name}{signature} cannot be called with {given} and "
+            f"model_kwargs={model_kwargs or {}!r}: {e}. Pass the model's data with "
+            f"cr.from_numpyro({type(kernel).__name__}({name}), model_args=(...), "
+            "model_kwargs={...}) and give that to cr.run."
+        ) from None
 
 
 def is_model(fn: Any) -> bool:

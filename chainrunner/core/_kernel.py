@@ -217,6 +217,9 @@ class Adapter:
             before sampling (ChEES, MEADS); ``run`` then calls it after initialising.
         init_error_hint: a sentence added to the error for chains that start at a
             non-finite log density.
+        needs_warmup: ``True`` if a fresh run with ``num_warmup=0`` would sample with
+            values that were never adapted (a step size of 1.0): ``run`` then raises
+            before any work, naming what to pass. A continued trace needs none.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -231,6 +234,7 @@ class Adapter:
 
     has_cross_chain_warmup: bool = False
     init_error_hint: str | None = None
+    needs_warmup: bool = False
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``Kernel`` to run ``num_warmup`` warmup steps and then sample with.

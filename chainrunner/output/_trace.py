@@ -76,6 +76,43 @@ class Trace:
 
         return diagnose(self)
 
+    def __repr__(self) -> str:
+        """A few lines: chains, draws, variables with their event shapes, stats, layout.
+
+        Examples:
+            >>> import blackjax, jax, jax.numpy as jnp
+            >>> import chainrunner as cr
+            >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
+            >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 2)), 50, progress=False,
+            ...                warn=False)
+            >>> print(repr(trace).splitlines()[0])
+            Trace: 4 chains x 50 draws (50 steps per chain)
+        """
+        import jax
+
+        from ..core._naming import flat_dict
+
+        a = self.attrs
+        lines = [f"Trace: {self.num_chains} chains x {self.num_draws} draws "
+                 f"({self.num_steps} steps per chain)"]  # fmt: skip
+        variables = [f"{k} {tuple(np.shape(v)[2:])}" for k, v in flat_dict(self.draws).items()]
+        lines.append("  draws: " + _listed(variables))
+        lines.append("  stats: " + _listed(sorted(self.stats)))
+        if self.warmup_draws is not None:
+            kept = np.shape(jax.tree.leaves(self.warmup_draws)[0])[1]
+            lines.append(f"  warmup: {kept} draws kept")
+        if self.groups:
+            lines.append("  groups: " + _listed(sorted(self.groups)))
+        if "layout" in a:
+            lines.append(f"  layout: {a['layout']}")
+        times = [
+            f"{k.split('_')[0]} {a[k]:.2f} s" for k in ("compile_time", "sampling_time") if k in a
+        ]
+        if times:
+            lines.append("  " + ", ".join(times))
+        lines.append("  (trace.diagnostics for R-hat and ESS; trace.to_arviz() for ArviZ)")
+        return "\n".join(lines)
+
     @property
     def num_chains(self) -> int:
         """Number of chains."""
@@ -148,3 +185,11 @@ class Trace:
             "prior": prior,
         }
         return to_arviz(self, coords=coords, dims=dims, extra=extra)
+
+
+def _listed(names: list[str], most: int = 8) -> str:
+    """``names`` joined, the first ``most`` of them and a count of the rest."""
+    if not names:
+        return "none"
+    more = len(names) - most
+    return ", ".join(names[:most]) + (f", ... ({more} more)" if more > 0 else "")

@@ -21,10 +21,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -231,17 +232,29 @@ def run(
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
-    # A cross-chain kernel's step needs the adapted params: its loop is scheduled after.
-    sched = None if start.cross_chain else _schedule(ctx, start.kernel, start.state)
-    init, ahead = _initialise(ctx, sched)
-    warm = _warm_up(ctx, init.state)
-    sched = sched or _schedule(ctx, warm.kernel, warm.state)
-    chunks, compile_time = _compile(ctx, sched, warm, ahead)
+    with _kernel_errors(start):
+        # A cross-chain kernel's step needs the adapted params: its loop is scheduled after.
+        sched = None if start.cross_chain else _schedule(ctx, start.kernel, start.state)
+        init, ahead = _initialise(ctx, sched)
+        warm = _warm_up(ctx, init.state)
+        sched = sched or _schedule(ctx, warm.kernel, warm.state)
+        chunks, compile_time = _compile(ctx, sched, warm, ahead)
     warm, sched = _burn_in(ctx, sched, warm, chunks)
     sampled = _sample(ctx, sched, warm, chunks)
     trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
     _report(ctx, sched, trace, sampled)
     return trace
+
+
+@contextlib.contextmanager
+def _kernel_errors(start: _start.Start) -> Iterator[None]:
+    """Adds to an error the kernel raised, traced on one chain, what chainrunner passed it."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if not str(e).startswith("run:"):  # chainrunner's own errors say it already
+            e.add_note(_start.one_chain_note(start))
+        raise
 
 
 def _schedule(ctx: Run, kernel: Kernel, state: Any) -> _loop.Schedule:

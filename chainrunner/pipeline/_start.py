@@ -13,6 +13,7 @@ import weakref
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from ..core._checks import leading_size
@@ -72,6 +73,14 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
         start = Start(kernel, n, None, state, previous.num_steps, False,
                       previous.attrs.get("batch_size"), chunk)  # fmt: skip
     else:
+        if adapter.needs_warmup and plan.num_warmup == 0:
+            raise ValueError(
+                "run: num_warmup=0, but this kernel adapts its step size and mass matrix "
+                "during warmup (adaptation='window'): with no warmup it would sample at its "
+                "initial step size and an identity mass matrix, never adapted. Pass "
+                "num_warmup > 0 (e.g. 1000); to sample at fixed values, pass the algorithm "
+                "itself (blackjax.nuts(logdensity_fn, step_size, inverse_mass_matrix))."
+            )
         kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
         if initial_position is not None:
             n = leading_size(initial_position, "initial_position", where)
@@ -106,6 +115,24 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             "every superchain has the same number of chains."
         )
     return start
+
+
+def one_chain_note(start: Start) -> str:
+    """What the kernel got for one chain: a note for an error it raised on it."""
+    what, tree = (
+        ("the final state of the continued trace", start.state)
+        if start.state is not None
+        else ("initial_position", start.position)
+    )
+    if tree is None:
+        return "chainrunner: the kernel initialised each chain itself (initial_position=None)."
+    shapes = jax.tree.map(lambda x: tuple(np.shape(x)[1:]), tree)
+    return (
+        f"chainrunner: the kernel got one chain's values at a time: {what} without its "
+        f"leading chain axis ({start.num_chains} chains), shapes {shapes}. Check that "
+        "initial_position has a leading chain axis and, after it, the shapes the kernel "
+        "expects (its log density, step size and mass matrix)."
+    )
 
 
 class Placement(NamedTuple):

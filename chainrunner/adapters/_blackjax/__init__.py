@@ -100,9 +100,9 @@ def from_blackjax(
       spreads each warmup step's kernel calls over the devices under ``shard_map``
       (the ensemble and the adaptation replicated on every device): bitwise the same
       results on any device count and padding for the same ``batch_size``, faster with
-      more devices. ``"replicated"`` runs blackjax's own warmup under plain ``jit``,
-      every device advancing all chains: bitwise the same on any device count and
-      batch size, no faster with more devices.
+      more devices. ``"replicated"``: every device steps all chains in one ``vmap``
+      (bitwise blackjax's own ``run``): the same on any device count and batch size,
+      no faster with more devices.
 
     Factories that take no inverse mass matrix (``blackjax.mala``, ``blackjax.rmh``, ...)
     cannot be window-adapted: ``adaptation="window"`` raises a ``TypeError`` for them at

@@ -10,8 +10,11 @@ fill the devices never enter a statistic), in one of two layouts:
   batch width, the adaptation updated on every device from the gathered chains.
   Bitwise the same on any device count for the same batch width, and faster with more
   devices.
-- ``layout="replicated"``: blackjax's own ``run`` under plain ``jax.jit``, every device
-  advancing all chains. Bitwise the same on any device count, no faster with more.
+- ``layout="replicated"``: the same program, every device stepping all chains in one
+  ``vmap``: bitwise blackjax's own ``run``, and the same on any device count, no faster
+  with more.
+
+One implementation serves both layouts (``_warmup_sharded.program``).
 
 Sampling then runs under ``shard_map`` with the adapted shared parameters as
 ``Kernel.params``.
@@ -26,8 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from ...core._kernel import (
     Adapter,
@@ -39,11 +40,9 @@ from ...core._kernel import (
     library_attrs,
 )
 from ...core._lru import LRU
-from ...core._naming import warmup_stats
 from ...layout import _distributed, _mesh
 from ._warmup_sharded import METHODS, Shape, chees_jitter
 from ._warmup_sharded import program as sharded_program
-from ._warmup_window import strong
 
 # Chain-independent salt for the keys of the cross-chain warmup: those keys come from
 # (rng_key, salt) only, never from the layout.
@@ -124,59 +123,13 @@ def meads_folds(num_chains: int, num_folds: int | None) -> int:
     return num_folds
 
 
-def _chees(logdensity_fn, o, num_chains, num_warmup, info_fn, key, position, keep):
-    """blackjax's ChEES -> ``(last states, params, per-step step size or None, info)``."""
-    import blackjax
-    import optax
-
-    warmup = blackjax.chees_adaptation(
-        logdensity_fn,
-        num_chains,
-        jitter_amount=o["jitter_amount"],
-        target_acceptance_rate=o["target_acceptance_rate"],
-        decay_rate=o["decay_rate"],
-        max_leapfrog_steps=o["max_leapfrog_steps"],
-        adaptation_info_fn=info_fn,
-    )
-    (last, p), info = warmup.run(
-        key,
-        position,
-        o["step_size"],
-        optax.adam(o["learning_rate"]),
-        num_warmup,
-        max_sampling_steps=2**20 - num_warmup,  # 20 Halton bits, as sampling
-    )
-    params = {"step_size": p["step_size"], "num_leapfrog_steps": p["integration_steps_params"][0]}
-    return last, params, info.adaptation_state.step_size if keep else None, info
-
-
-def _meads(logdensity_fn, o, num_chains, num_warmup, info_fn, key, position, keep):
-    """blackjax's MEADS -> ``(last states, params, per-step step size or None, info)``."""
-    import blackjax
-
-    warmup = blackjax.meads_adaptation(
-        logdensity_fn,
-        num_chains,
-        num_folds=meads_folds(num_chains, o["num_folds"]),
-        step_size_multiplier=o["step_size_multiplier"],
-        damping_slowdown=o["damping_slowdown"],
-        adaptation_info_fn=info_fn,
-    )
-    (last, p), info = warmup.run(key, position, num_warmup)
-    params = {k: p[k] for k in ("step_size", "momentum_inverse_scale", "alpha", "delta")}
-    return last, params, info.adaptation_state.step_size.mean(axis=-1) if keep else None, info
-
-
-_METHODS = {"chees": _chees, "meads": _meads}
-
-
 class CrossChainAdaptation(Adapter):
     """A blackjax kernel with cross-chain warmup (ChEES or MEADS), for ``cr.run``.
 
     Build it with ``cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=...,
     adaptation="chees")`` or ``cr.from_blackjax(blackjax.ghmc, logdensity_fn=...,
     adaptation="meads")``. ``cr.run`` initialises the chains with ``build_kernel``'s ``init``,
-    calls ``cross_chain_warmup`` (the adaptation over all chains, under plain ``jit``),
+    calls ``cross_chain_warmup`` (the adaptation over all chains, ``_warmup_sharded``),
     then samples with the returned kernel, whose adapted shared parameters are its
     ``params``.
 
@@ -268,42 +221,6 @@ class CrossChainAdaptation(Adapter):
             )
         return self.sampling_kernel(None)
 
-    def _body(self, num_chains: int, padded: int, num_warmup: int, keep: bool, mesh: Any):
-        from blackjax.adaptation.base import get_filter_adapt_info_fn, return_all_adapt_info
-
-        o, method = self.options, _METHODS[self.adaptation]
-        info_fn = return_all_adapt_info if keep else get_filter_adapt_info_fn()
-
-        def body(rng_key, state):
-            # The padding chains are dropped: every statistic is over the real chains.
-            # Every device advances all real chains, so the result does not depend on the
-            # device count or padding (bitwise).
-            real = jax.tree.map(lambda x: x[:num_chains], state)
-            key = jax.random.fold_in(rng_key, _CROSS_CHAIN_SALT)
-            last, params, step_size, info = method(
-                self.logdensity_fn, o, num_chains, num_warmup, info_fn, key, real.position, keep
-            )
-            params = jax.tree.map(strong, params)
-            last = jax.tree.map(lambda new, old: new.astype(old.dtype), last, real)
-            out = _mesh.pad(last, num_chains, padded)
-            if not keep:
-                return out, params, None, None
-            draws = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), info.state.position)
-            stats = warmup_stats(info, jnp.broadcast_to(step_size, (num_chains, num_warmup)))
-            return out, params, draws, stats
-
-        return body
-
-    def _program(self, num_chains: int, padded: int, num_warmup: int, keep: bool, mesh: Any):
-        def build():
-            body = self._body(num_chains, padded, num_warmup, keep, mesh)
-            # Inputs and outputs replicated, so the partitioner has no reason to split the
-            # chains: every device runs the same whole-ensemble program.
-            replicated = NamedSharding(mesh, P())
-            return jax.jit(body, out_shardings=(replicated,) * 4)
-
-        return self._programs.get((num_chains, padded, num_warmup, keep, mesh), build)
-
     def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
         """Runs the cross-chain warmup over the real chains; called by ``run``.
 
@@ -331,10 +248,7 @@ class CrossChainAdaptation(Adapter):
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         if self.adaptation == "meads":
             meads_folds(r.num_chains, self.options["num_folds"])  # eager error
-        if self.options["layout"] == "sharded":
-            new_state, params, draws, stats = self._run_sharded(r, padded)
-        else:
-            new_state, params, draws, stats = self._run_replicated(r, padded)
+        new_state, params, draws, stats = self._run(r, padded)
         return CrossChainWarmup(
             _mesh.place(new_state, r.mesh),
             self.sampling_kernel(params),
@@ -343,19 +257,11 @@ class CrossChainAdaptation(Adapter):
             _adapted_attrs(self.adaptation, params),
         )
 
-    def _run_replicated(self, r: WarmupRequest, padded: int) -> tuple:
-        """``layout="replicated"``: blackjax's ``run`` under plain ``jit``."""
-        program = self._program(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh)
-        state, key = _mesh.replicate(r.state, r.mesh), _mesh.replicate(r.rng_key, r.mesh)
-        new_state, params, draws, stats = program(key, state)
-        if draws is not None:
-            draws, stats = _distributed.to_host((draws, stats))
-        return new_state, params, draws, stats
-
-    def _run_sharded(self, r: WarmupRequest, padded: int) -> tuple:
-        """``layout="sharded"``: the chains spread over the devices (``_warmup_sharded``)."""
+    def _run(self, r: WarmupRequest, padded: int) -> tuple:
+        """The warmup program (``_warmup_sharded``, either layout), run over the real chains."""
+        replicated = self.options["layout"] == "replicated"
         shape = Shape(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh,
-                      r.batch_size)  # fmt: skip
+                      None if replicated else r.batch_size, replicated)  # fmt: skip
 
         def build() -> Callable:
             o = dict(self.options)
@@ -364,7 +270,7 @@ class CrossChainAdaptation(Adapter):
             method = METHODS[self.adaptation]
             return sharded_program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
 
-        program = self._programs.get(("sharded", *shape), build)
+        program = self._programs.get(shape, build)
         key, state = _mesh.replicate(r.rng_key, r.mesh), _mesh.replicate(r.state, r.mesh)
         new_state, params, draws, stats = program(key, state)
         # The parameters come back once per device, all equal: keep the first copy.

@@ -1,4 +1,4 @@
-"""ChEES and MEADS with the chains spread over the devices (``layout="sharded"``).
+"""ChEES and MEADS, the one implementation of both layouts (``"sharded"``, ``"replicated"``).
 
 blackjax's ``chees_adaptation`` and ``meads_adaptation`` step every chain with one
 ``vmap`` and update the shared parameters from the whole ensemble. Here the same
@@ -16,7 +16,8 @@ algorithms (blackjax 1.7.1's steps, keys and updates, with blackjax's kernels an
 
 So the results are bitwise the same on any device count and any padding as long as the
 batch width is the same, and the kernel steps, the costly part, are split over the
-devices.
+devices. With ``layout="replicated"`` (``Shape.replicated``) every device steps all
+chains in one ``vmap`` instead (``_all_rows``): bitwise blackjax's own ``run``.
 """
 
 from __future__ import annotations
@@ -257,7 +258,11 @@ METHODS = {"chees": chees, "meads": meads}
 
 
 class Shape(NamedTuple):
-    """What a compiled sharded warmup depends on, besides the adapter."""
+    """What a compiled warmup depends on, besides the adapter.
+
+    ``replicated``: every device steps every chain in one ``vmap`` (``layout=
+    "replicated"``; ``batch_size`` then plays no part) rather than its block of them.
+    """
 
     num_chains: int
     padded: int
@@ -265,6 +270,7 @@ class Shape(NamedTuple):
     keep: bool
     mesh: Any
     batch_size: int | str | None
+    replicated: bool = False
 
 
 def _rows(devices: int, batch_size: int | str | None, num_chains: int) -> Rows:
@@ -281,6 +287,11 @@ def _rows(devices: int, batch_size: int | str | None, num_chains: int) -> Rows:
         return _collective.spread(fn, xs, devices=devices, width=width)
 
     return rows
+
+
+def _all_rows(fn: Callable, xs: Any) -> Any:
+    """``fn`` over every row of ``xs`` in one ``vmap``, on every device (as blackjax's ``run``)."""
+    return jax.vmap(fn)(xs)
 
 
 def _chain_block(tree: Any, n: int, padded: int, per: int) -> Any:
@@ -300,7 +311,7 @@ def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: 
     per = s.padded // devices
     n = s.num_chains
 
-    rows = _rows(devices, s.batch_size, n)
+    rows = _all_rows if s.replicated else _rows(devices, s.batch_size, n)
 
     def body(rng_key, state):
         real = jax.tree.map(lambda x: x[:n], state)  # the padding chains never enter

@@ -165,6 +165,8 @@ class WindowAdaptation(Adapter):
         (4, 20)
     """
 
+    needs_warmup = True  # num_warmup=0 would sample at step size 1.0, never adapted
+
     def __init__(self, algorithm: Callable, logdensity_fn: Callable, options: dict):
         self.algorithm = algorithm
         self.logdensity_fn = logdensity_fn
