@@ -85,3 +85,21 @@ def test_repr_is_a_few_lines():
     assert len(text) < 600 and text.count("\n") < 10, text
     assert text.startswith("Trace: 8 chains x 1000 draws (1000 steps per chain)")
     assert "x (10,)" in text and "diverging" in text and "batch_size=" in text
+
+
+def test_chain_map_takes_one_device_per_chain_up_to_all():
+    out = cr.chain_map(lambda x: x.sum())(jnp.ones((4, 3)))
+    assert len(out.sharding.device_set) == 4  # 4 chains on 8 devices: none padded
+    many = cr.chain_map(lambda x: x.sum())(jnp.ones((20, 3)))
+    assert many.shape == (20,) and len(many.sharding.device_set) == 8  # all 8 devices
+
+
+def test_numpyros_mcmc_with_chain_map_as_its_chain_method():
+    mcmc = numpyro.infer.MCMC(
+        NUTS(model), num_warmup=50, num_samples=50, num_chains=4,
+        chain_method=cr.chain_map, progress_bar=False,
+    )  # fmt: skip
+    mcmc.run(jax.random.key(0), np.ones(3))
+    mu = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert mu.shape == (4, 50) and len(mu.sharding.device_set) == 4
+    assert np.isfinite(np.asarray(mu)).all() and np.asarray(mu).std() > 0

@@ -164,12 +164,15 @@ def chunk_scalars(start: int, count: int, mesh: Any) -> tuple[jax.Array, jax.Arr
     return _mesh.replicate((np.int32(start), np.int32(count)), mesh)
 
 
-def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> Any:
+def compile_ahead(kernel: Kernel, plan: Any, start: Any, placed: Any) -> Any:
     """An ``on_traced`` hook for the init program that compiles the loop on a second thread.
 
     XLA compiles one program mostly on one core: the loop compiles while the init
-    compiles and runs. The hook keeps the ``Ahead`` it starts in ``hook.ahead`` (``None``
-    when this thread's jax settings keep the compile on the calling thread).
+    compiles and runs. The helper thread first works out the run's ``schedule`` (the
+    same call the main thread makes after the init: its abstract trace of one step is
+    cached, so the main thread's costs nothing), then compiles. The hook keeps the
+    ``Ahead`` it starts in ``hook.ahead`` (``None`` when this thread's jax settings keep
+    the compile on the calling thread).
     """
 
     def hook(init_out: Any) -> None:
@@ -180,9 +183,12 @@ def compile_ahead(kernel: Kernel, plan: Any, placed: Any, sched: Schedule) -> An
             ),
             init_out[0],
         )
-        go = in_this_context(
-            lambda traced: compile_loop(kernel, plan, placed, sched, like, placed.params, traced)
-        )
+
+        def go(traced: Any) -> Any:
+            sched = schedule(plan, start, placed.layout, kernel, start.state)
+            return compile_loop(kernel, plan, placed, sched, like, placed.params, traced)
+
+        go = in_this_context(go)
         if go is not None:
             hook.ahead = Ahead(go, "chainrunner-compile-loop")
 

@@ -8,10 +8,10 @@
 4. ``place``: mesh, layout (``batch_size="auto"`` decided once, from the call's facts:
    ``_choose``), chain ids, key and parameters on the mesh (``_start.place``). The
    plan, adapter, start and placement are the run's context (``Run``) from here on.
-5. ``schedule``: the loop's lengths, the chunk length included (``_loop.schedule``),
-   before anything compiles; after a cross-chain warmup, once it adapted the kernel.
-6. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
+5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
    then the adapter's cross-chain warmup, where it has one.
+6. ``schedule``: the loop's lengths, the chunk length included (``_loop.schedule``),
+   decided before the loop compiles (the compile-ahead thread makes the same call first).
 7. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
    ``warmup_until``: the burn-in windows (``_forget``).
 8. ``resume`` from a checkpoint (``_checkpoint``), then ``loop``: the chunks
@@ -233,11 +233,11 @@ def run(
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
     with _kernel_errors(start):
-        # A cross-chain kernel's step needs the adapted params: its loop is scheduled after.
-        sched = None if start.cross_chain else _schedule(ctx, start.kernel, start.state)
-        init, ahead = _initialise(ctx, sched)
+        if not start.cross_chain:  # (a cross-chain kernel's step needs the adapted params)
+            check_keep_names(start.kernel, plan.keep, start.position, start.state, start.num_chains)
+        init, ahead = _initialise(ctx)
         warm = _warm_up(ctx, init.state)
-        sched = sched or _schedule(ctx, warm.kernel, warm.state)
+        sched = _schedule(ctx, warm)
         chunks, compile_time = _compile(ctx, sched, warm, ahead)
     warm, sched = _burn_in(ctx, sched, warm, chunks)
     sampled = _sample(ctx, sched, warm, chunks)
@@ -257,23 +257,25 @@ def _kernel_errors(start: _start.Start) -> Iterator[None]:
         raise
 
 
-def _schedule(ctx: Run, kernel: Kernel, state: Any) -> _loop.Schedule:
-    """The loop's lengths for ``kernel`` from ``state`` (or the start's positions), with
-    ``keep=`` names checked first (an abstract trace of one step: nothing compiles)."""
-    plan, start = ctx.plan, ctx.start
-    position = start.position if state is None else None
-    check_keep_names(kernel, plan.keep, position, state, start.num_chains)
-    return _loop.schedule(plan, start, ctx.placed.layout, kernel, state)
+def _schedule(ctx: Run, warm: Warm) -> _loop.Schedule:
+    """The loop's lengths, decided before the loop compiles (``_loop.schedule``): for the
+    start's kernel and positions, or after a cross-chain warmup for the adapted kernel
+    from its state (``keep=`` names checked then: its step needs the adapted params)."""
+    plan, _, start, placed = ctx
+    if not start.cross_chain:  # the same call as the compile-ahead's (its trace is cached)
+        return _loop.schedule(plan, start, placed.layout, start.kernel, start.state)
+    check_keep_names(warm.kernel, plan.keep, None, warm.state, start.num_chains)
+    return _loop.schedule(plan, start, placed.layout, warm.kernel, warm.state)
 
 
-def _initialise(ctx: Run, sched: _loop.Schedule | None) -> tuple[Initialised, Any]:
+def _initialise(ctx: Run) -> tuple[Initialised, Any]:
     """Initial states on the mesh; a fresh run compiles the loop meanwhile (``Ahead``)."""
     plan, adapter, start, placed = ctx
     layout = placed.layout
     if start.state is not None:  # continued: the trace's final state
         state = _mesh.place(_mesh.pad(start.state, layout.num_chains, layout.padded), placed.mesh)
         return Initialised(state, 0.0, []), None
-    hook = None if start.cross_chain else _loop.compile_ahead(start.kernel, plan, placed, sched)
+    hook = None if start.cross_chain else _loop.compile_ahead(start.kernel, plan, start, placed)
     try:
         init = initialise(start.kernel, plan, placed, start.position, adapter.init_error_hint, hook)
     except BaseException as e:

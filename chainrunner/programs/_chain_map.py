@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
 from ..core._checks import check_batch_size, check_mesh, leading_size
@@ -27,11 +28,12 @@ def chain_map(
 
     Args:
         fn: a function of per-chain arguments (no chain axis).
-        mesh: a mesh with a ``'chain'`` axis; ``None`` means ``chain_mesh()`` over
-            all devices, built at the first call.
+        mesh: a mesh with a ``'chain'`` axis; ``None``: as ``run`` builds it, over
+            as many devices as there are chains, at most all (4 chains on 8 devices
+            take 4 devices, none padded); with several processes, all devices.
         batch_size: chains computed together within one device, ``None`` for all, or
             ``"auto"``: 1 on CPU devices, ``None`` on accelerators (a fixed rule;
-            ``run`` measures its choice, see ``docs/batch-size.md``).
+            ``run`` decides its own from the call's facts, see ``docs/batch-size.md``).
 
     Returns:
         A function of the same arguments, each leaf with a leading chain axis. Its
@@ -59,7 +61,7 @@ def chain_map(
     @functools.wraps(fn)
     def mapped(*args):
         n = leading_size(args, "args", "chain_map")
-        m = mesh if mesh is not None else _mesh.chain_mesh()
+        m = mesh if mesh is not None else _default_mesh(n)
         _distributed.check_mesh_spans_processes(m, "chain_map")
         layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m, n)[0])
         key = (m, len(args), layout.batch_size)
@@ -71,3 +73,11 @@ def chain_map(
         return _mesh.unpad(out, n, layout.padded, m)
 
     return mapped
+
+
+def _default_mesh(num_chains: int) -> Mesh:
+    """``run``'s default mesh: one device per chain up to all of them (all with several
+    processes, each of which must hold part of the mesh)."""
+    if _distributed.is_multiprocess():
+        return _mesh.chain_mesh()
+    return _mesh.chain_mesh(min(num_chains, len(jax.devices())))
