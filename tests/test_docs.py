@@ -8,7 +8,7 @@ import sys
 import pytest
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs")
-PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md")) + ["README.md"]
+PAGES = [*sorted(f for f in os.listdir(DOCS) if f.endswith(".md")), "README.md"]
 
 
 def path_of(page):

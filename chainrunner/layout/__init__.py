@@ -1,3 +1,3 @@
-"""The device mesh, how chains sit on it (padding, placement, ``shard_map``),
-several processes, and chains that see each other (collectives).
+"""The device mesh, how chains sit on it (padding, placement, ``shard_map``), several
+processes, chains that see each other (collectives), and ``chain_map``.
 """

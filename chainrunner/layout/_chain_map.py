@@ -10,7 +10,7 @@ import jax
 from jax.sharding import Mesh
 
 from ..core._checks import check_batch_size, check_mesh, leading_size
-from ..layout import _distributed, _mesh
+from . import _distributed, _mesh
 
 
 def chain_map(
