@@ -66,7 +66,14 @@ def test_start_place_schedule_and_describe():
     )
     # a cross-chain warmup runs before the loop: the loop starts after it
     crossed = start._replace(cross_chain=True)
-    assert _loop.schedule(plan, crossed, placed.layout, start.kernel, None) == (6, 0, 12, 5, 1)
+    assert _loop.schedule(plan, crossed, placed.layout, start.kernel, None) == (
+        6,
+        0,
+        12,
+        5,
+        1,
+        None,
+    )
     from chainrunner.pipeline._run import Run, describe
 
     d = describe(Run(plan, as_adapter(NUTS), start, placed), sched)

@@ -40,6 +40,8 @@ class Schedule(NamedTuple):
         total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
         chunk_len: draws per compiled call (the rows of the chunk program's outputs).
         thinning: kernel steps per draw.
+        draw: one chain's draw as shape structs, where a longer chunk was fitted to it
+            (the chunk program then needs no trace of its own to size its buffers).
     """
 
     first_step: int
@@ -47,6 +49,7 @@ class Schedule(NamedTuple):
     total_draws: int
     chunk_len: int
     thinning: int = 1
+    draw: Any = None
 
     def after_burn_in(self, loop_draws: int, sample_draws: int) -> Schedule:
         """The sampling loop after ``warmup_until``'s burn-in ran ``loop_draws`` draws:
@@ -77,7 +80,7 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
     loop_warmup = 0 if start.cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
-    chunk_len = grid
+    chunk_len, draw = grid, None
     if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
         holds = total if plan.progress is False else -(-total // BAR_UPDATES)
         cap = next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
@@ -93,6 +96,7 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
         total_draws=total,
         chunk_len=chunk_len,
         thinning=plan.thinning,
+        draw=draw,
     )
 
 
@@ -122,7 +126,9 @@ def compile_loop(
     key += (n,) if kernel.ensemble is not None else ()
     program, seconds = compiled(
         key,
-        lambda: chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n),
+        lambda: chunk_program(
+            kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, sched.draw
+        ),
         (state, placed.chains, placed.key, *zero, params),
         on_traced,
     )

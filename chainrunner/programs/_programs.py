@@ -72,7 +72,7 @@ def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
 
 
 def chunk_loop(
-    kernel: Kernel, chunk_len: int, thinning: int
+    kernel: Kernel, chunk_len: int, thinning: int, draw: Any = None
 ) -> Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, tuple[Any, dict]]]:
     """The inference loop of one chain for one chunk of at most ``chunk_len`` draws.
 
@@ -84,7 +84,8 @@ def chunk_loop(
     chain, so under ``vmap`` it stays one loop); the outputs keep ``chunk_len`` rows
     and the rest are zeros. One compiled program thus serves every chunk, including
     a shorter last one, with no per-step branch (a ``lax.cond`` per draw measured
-    ~17% slower for NUTS on CPU).
+    ~17% slower for NUTS on CPU). ``draw``: one draw's shape structs where they are known
+    already (``draw_shape``), else they come from an abstract trace of one step here.
     """
 
     def step_keys(step_key, first, n):
@@ -102,7 +103,9 @@ def chunk_loop(
         return state, kernel.extract(state, info)
 
     def loop(state, step_key, start, n_valid):
-        out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
+        out_shape = draw
+        if out_shape is None:
+            out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
         rows = chunk_len
         # Without thinning, the chunk's keys at once (one per row: less memory than its
         # draws); with thinning, each draw's keys.
@@ -229,13 +232,13 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
 
 def chunk_program(
     kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any,
-    n: int,
+    n: int, draw: Any = None,
 ) -> Callable:  # fmt: skip
     """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
 
     The outputs have ``chunk_len`` rows per chain (``_loop.schedule`` decides them, before
     anything compiles). ``n`` is the number of real chains; an ensemble's program depends
-    on it.
+    on it. ``draw``: one chain's draw as shape structs, where ``draw_shape`` traced it.
     """
     if kernel.ensemble is not None:
         return _ensemble.chunk_program(
@@ -245,7 +248,7 @@ def chunk_program(
 
     def body(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
-        loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning)
+        loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning, draw)
 
         def one_chain(args):
             state, chain = args
