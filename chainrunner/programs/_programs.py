@@ -106,17 +106,16 @@ def chunk_loop(
         out_shape = draw
         if out_shape is None:
             out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
-        rows = chunk_len
         # Without thinning, the chunk's keys at once (one per row: less memory than its
         # draws); with thinning, each draw's keys.
-        chunk_keys = step_keys(step_key, start, rows) if thinning == 1 else None
+        chunk_keys = step_keys(step_key, start, chunk_len) if thinning == 1 else None
 
         def keys_of(i):
             if chunk_keys is not None:
                 return jax.lax.dynamic_slice_in_dim(chunk_keys, i, 1)
             return step_keys(step_key, start + i * thinning, thinning)
 
-        buffers = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), out_shape)
+        buffers = jax.tree.map(lambda s: jnp.zeros((chunk_len, *s.shape), s.dtype), out_shape)
 
         def body(i, carry):
             state, buffers = carry
@@ -174,15 +173,15 @@ def draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> 
     """
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
     key = (kernel.functions, keep, n, signature((one, kernel.params)))
-    return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, n))
+    return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, one, n))
 
 
-def _draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
+def _draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, one: Any, n: int) -> Any:
+    """``draw_shape``, uncached; ``one``: one chain's ``(position, state)`` structs."""
     if kernel.ensemble is not None:
         extract_of = functools.partial(_kept_extract, kernel, keep)
         with TRACE_LOCK:
             return _ensemble.draw_shape(kernel, extract_of, position, state, n)
-    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
     key = jax.random.key(0)
 
     def probe(position, state, params):
