@@ -293,7 +293,7 @@ def test_errors():
     with pytest.raises(ValueError, match="adaptation"):
         cr.from_pymc(model, adaptation="nuts")
     with pytest.raises(TypeError, match="unknown option"):
-        cr.from_pymc(model, adaptation="chees", target_accept=0.9)
+        cr.from_pymc(model, adaptation="chees", max_tree_depth=3)
 
 
 def test_log_likelihood_with_keep_of_some_variables_warns_and_keeps_the_draws():
@@ -345,3 +345,25 @@ def test_importing_chainrunner_imports_no_pymc_and_keeps_xla_flags():
     code = f"FLAGS = {flags!r}\n{code}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_target_accept_and_blackjax_adaptations():
+    """pm.sample's target_accept, and a per-chain blackjax adaptation on a PyMC model."""
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 2.0, shape=2)
+    kernel = cr.from_pymc(model, target_accept=0.95)
+    assert kernel.sampler.options["target_acceptance_rate"] == 0.95
+    with pytest.raises(ValueError, match=r"target_accept must be in \(0, 1\)"):
+        cr.from_pymc(model, target_accept=1.5)
+    with pytest.raises(ValueError, match="does not apply to adaptation='mclmc'"):
+        cr.from_pymc(model, adaptation="mclmc", target_accept=0.9)
+    with pytest.raises(TypeError, match="not both"):
+        cr.from_pymc(model, target_accept=0.9, target_acceptance_rate=0.8)
+    with pytest.raises(ValueError, match="adaptation must be None, one of"):
+        cr.from_pymc(model, adaptation="nutpie")
+    low_rank = cr.from_pymc(model, adaptation="window_low_rank", target_accept=0.9)
+    idata = cr.sample(low_rank, jax.random.key(0), None, 500, num_warmup=300, num_chains=3,
+                      progress=False, warn=False)  # fmt: skip
+    x = np.asarray(idata.posterior["x"])
+    assert x.shape == (3, 500, 2)
+    assert abs(x.std() - 2.0) < 0.25

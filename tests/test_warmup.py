@@ -210,7 +210,7 @@ def test_cross_chain_keep_warmup_and_sampling_quality():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="adaptation must be None or one of"):
+    with pytest.raises(ValueError, match="adaptation must be None, one of"):
         cr.from_blackjax(blackjax.nuts, logdensity_fn=small_logdensity, adaptation="stan")
     with pytest.raises(TypeError, match="needs logdensity_fn"):
         cr.from_blackjax(blackjax.nuts, adaptation="window")

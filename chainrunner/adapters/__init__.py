@@ -1,7 +1,8 @@
 """Front ends: everything ``run`` accepts as a kernel becomes an ``Adapter`` here.
 
-- ``_blackjax``: blackjax ``SamplingAlgorithm`` objects, and factories with window,
-  ChEES or MEADS adaptation.
+- ``_blackjax``: blackjax ``SamplingAlgorithm`` objects, and factories with any of
+  blackjax's adaptations (window in the loop, its per-chain ones before sampling, ChEES
+  and MEADS across chains).
 - ``_numpyro``: numpyro ``MCMCKernel`` objects (and bare model functions, run with NUTS).
 - ``_pymc``: PyMC models (``pm.Model``), PyMC's JAX log density sampled by blackjax; PyMC
   is optional (``pip install "chainrunner[pymc]"``) and imported only when used.
@@ -55,7 +56,8 @@ def from_pymc(
     model: Any,
     *,
     algorithm: Any = None,
-    adaptation: str | None = "window",
+    adaptation: Any = "window",
+    target_accept: float | None = None,
     log_likelihood: bool = False,
     initvals: dict | None = None,
     jitter: bool = True,
@@ -83,6 +85,7 @@ def from_pymc(
         model,
         algorithm=algorithm,
         adaptation=adaptation,
+        target_accept=target_accept,
         log_likelihood=log_likelihood,
         initvals=initvals,
         jitter=jitter,

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..core._kernel import Adapter, CrossChainWarmup, Kernel, WarmupRequest
 from ..core._lru import LRU
-from ._blackjax import ADAPTATIONS, from_blackjax
+from ._blackjax import from_blackjax
+from ._blackjax._adaptations import SAMPLERS, name_of
 
 __all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
 
@@ -507,9 +508,6 @@ def _data_key(model: Any) -> tuple:
     return tuple(parts)
 
 
-_SAMPLERS = {"window": "nuts", "chees": "dynamic_hmc", "meads": "ghmc", None: "nuts"}
-
-
 def _check_model(pymc: Any, model: Any) -> None:
     where = "from_pymc"
     if not isinstance(model, pymc.Model):
@@ -524,14 +522,33 @@ def _check_model(pymc: Any, model: Any) -> None:
         )
 
 
-def _sampler(algorithm: Any, adaptation: str | None, logdensity_fn: Callable, options) -> Adapter:
+def _with_target_accept(adaptation: Any, target_accept: float | None, options: dict) -> dict:
+    """``options`` with ``pm.sample``'s ``target_accept`` under the adaptation's name for it."""
+    if target_accept is None:
+        return options
+    name = None if adaptation is None else name_of(adaptation, "from_pymc")
+    if name in (None, "mclmc", "meads"):
+        raise ValueError(
+            f"from_pymc: target_accept={target_accept!r} does not apply to adaptation="
+            f"{name!r} (it tunes no step size to an acceptance rate)."
+        )
+    if not 0 < float(target_accept) < 1:
+        raise ValueError(f"from_pymc: target_accept must be in (0, 1), got {target_accept!r}.")
+    option = "target" if name == "adjusted_mclmc" else "target_acceptance_rate"
+    if option in options:
+        raise TypeError(f"from_pymc: pass target_accept or {option}, not both.")
+    return {**options, option: float(target_accept)}
+
+
+def _sampler(algorithm: Any, adaptation: Any, logdensity_fn: Callable, options) -> Adapter:
     """The blackjax adapter on the model's log density (``from_blackjax``)."""
     import blackjax
 
     from ..core._kernel import FixedKernel
 
     if algorithm is None:
-        algorithm = getattr(blackjax, _SAMPLERS[adaptation])
+        name = None if adaptation is None else name_of(adaptation, "from_pymc")
+        algorithm = getattr(blackjax, SAMPLERS.get(name, "nuts"))
     if adaptation is not None:
         return from_blackjax(
             algorithm, logdensity_fn=logdensity_fn, adaptation=adaptation, **options
@@ -549,7 +566,8 @@ def from_pymc(
     model: Any,
     *,
     algorithm: Any = None,
-    adaptation: str | None = "window",
+    adaptation: Any = "window",
+    target_accept: float | None = None,
     log_likelihood: bool = False,
     initvals: Mapping | None = None,
     jitter: bool = True,
@@ -575,11 +593,18 @@ def from_pymc(
     Args:
         model: a ``pm.Model`` with continuous free variables.
         algorithm: the blackjax factory; ``None`` for the adaptation's own
-            (``blackjax.nuts`` for ``"window"``, ``blackjax.dynamic_hmc`` for ``"chees"``,
-            ``blackjax.ghmc`` for ``"meads"``).
-        adaptation: ``"window"`` (Stan's, per chain), ``"chees"`` or ``"meads"`` (across
-            chains), or ``None``: no adaptation, the kernel is
+            (``blackjax.nuts``; ``blackjax.dynamic_hmc`` for ``"chees"``, ``blackjax.ghmc``
+            for ``"meads"``, ``blackjax.mclmc`` for ``"mclmc"``,
+            ``blackjax.adjusted_mclmc_dynamic`` for ``"adjusted_mclmc"``).
+        adaptation: ``"window"`` (Stan's, per chain, in the sampling loop), any other
+            name or blackjax adaptation function ``cr.from_blackjax`` takes
+            (``"window_low_rank"``, ``"staged"``, ``"pathfinder"``, ``"mclmc"``,
+            ``"adjusted_mclmc"``: per chain, before sampling; ``"chees"``, ``"meads"``:
+            across chains), or ``None``: no adaptation, the kernel is
             ``algorithm(logdensity_fn, **options)`` (e.g. ``step_size=0.1``).
+        target_accept: ``pm.sample``'s name for the target acceptance rate (the
+            adaptation's ``target_acceptance_rate``, or ``target`` for
+            ``"adjusted_mclmc"``); ``None`` keeps the adaptation's default.
         log_likelihood: add the pointwise log likelihood (ArviZ ``log_likelihood``), as
             ``pm.sample(idata_kwargs={"log_likelihood": True})`` does.
         initvals: initial values ``{variable or name: value}`` for every chain, over the
@@ -612,10 +637,9 @@ def from_pymc(
     """
     pymc = _pymc()
     _check_model(pymc, model)
-    if adaptation is not None and adaptation not in ADAPTATIONS:
-        raise ValueError(
-            f"from_pymc: adaptation must be None or one of {ADAPTATIONS}, got {adaptation!r}."
-        )
+    if adaptation is not None:
+        name_of(adaptation, "from_pymc")  # a clear error for an unknown one, now
+    options = _with_target_accept(adaptation, target_accept, options)
     key = (
         id(model),
         _data_key(model),

@@ -61,7 +61,11 @@ class Kernel(NamedTuple):
             above takes it as a last argument (``init(position, rng_key, params)``,
             ``step(rng_key, state, params)``, ``extract(state, info, params)``,
             ``logdensity(state, params)``), and new values of the same shapes reuse
-            the compiled program.
+            the compiled program. They are shared by every chain (replicated on each
+            device). Parameters of each chain's own (a per-chain step size or mass
+            matrix) travel in the chain state instead, with a leading chain axis across
+            chains: that is how window adaptation and blackjax's per-chain adaptations
+            carry them (``cr.adapted_parameters`` reads them).
         needs_position: ``False`` if ``init`` can start a chain from its key alone
             (``position`` is then ``None`` when ``run`` gets no initial position).
         ensemble: ``None`` for independent chains; an ``Ensemble`` for walkers that move

@@ -12,18 +12,19 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from ...core._kernel import Adapter, Kernel
 from ...core._lru import LRU
 from ...layout import _distributed
+from . import _adaptations, _warmup_tuned
+from ._adaptations import ADAPTATIONS
 from ._warmup_cross_chain import CrossChainAdaptation
+from ._warmup_tuned import Tuned, TunedAdaptation
 from ._warmup_window import WindowAdaptation, WindowState
 
-__all__ = ["adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
-
-ADAPTATIONS = ("window", "chees", "meads")
-"""The values of ``from_blackjax(..., adaptation=...)``."""
+__all__ = ["ADAPTATIONS", "adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
 
 # Adapted kernels are cached on the identity of what they wrap, so that passing the same
 # blackjax algorithm twice reuses the same Kernel and hence the same compiled program.
@@ -40,32 +41,11 @@ def is_sampling_algorithm(obj: Any) -> bool:
     )
 
 
-def _factory_name(factory: Any) -> str:
-    """``blackjax.mala`` for blackjax's factory objects (they have no ``__name__``)."""
-    module = getattr(getattr(factory, "differentiable", None), "__module__", "") or ""
-    if module.startswith("blackjax."):
-        return "blackjax." + module.rsplit(".", 1)[-1]
-    return getattr(factory, "__name__", type(factory).__name__)
-
-
-def _takes_mass_matrix(factory: Callable) -> bool:
-    """Whether ``factory(logdensity_fn, step_size, inverse_mass_matrix)`` fits its signature.
-
-    blackjax factories are ``GenerateSamplingAPI`` objects whose ``differentiable``
-    attribute has the real signature.
-    """
-    try:
-        params = inspect.signature(getattr(factory, "differentiable", factory)).parameters
-    except (TypeError, ValueError):
-        return True  # cannot tell: let blackjax decide
-    return "step_size" in params and "inverse_mass_matrix" in params
-
-
 def from_blackjax(
     algorithm: Any,
     *,
     logdensity_fn: Callable | None = None,
-    adaptation: str | None = None,
+    adaptation: Any = None,
     **options: Any,
 ) -> Any:
     """Wraps a blackjax ``SamplingAlgorithm`` (``init``/``step``) as a chainrunner Kernel.
@@ -79,15 +59,32 @@ def from_blackjax(
 
     With ``adaptation`` the parameters are adapted during ``cr.run``'s
     ``num_warmup`` steps instead (see docs/warmup.md); ``algorithm`` is then the
-    blackjax *factory* and ``logdensity_fn`` is required:
+    blackjax *factory* and ``logdensity_fn`` is required. ``adaptation`` is a name below,
+    blackjax's function of that adaptation (``blackjax.window_adaptation_low_rank``, ...:
+    the options are its keywords, and those it passes on to the factory), or a built
+    ``AdaptationAlgorithm`` (``blackjax.window_adaptation(blackjax.nuts, f, ...)``: no
+    options; the factory builds the sampler from its parameters). Options an adaptation
+    does not take, and a factory it cannot adapt, raise here.
 
-    - ``"window"``: Stan's window adaptation of the step size and inverse mass
-      matrix, per chain, inside the sampling program. ``algorithm`` is called as
-      ``algorithm(logdensity_fn, step_size, inverse_mass_matrix, **extra)``
+    - ``"window"`` (``blackjax.window_adaptation``): Stan's window adaptation of the step
+      size and inverse mass matrix, per chain, inside the sampling program (chunked: the
+      progress bar, Ctrl-C, checkpoints and ``until=`` work during warmup). ``algorithm``
+      is called as ``algorithm(logdensity_fn, step_size, inverse_mass_matrix, **extra)``
       (``blackjax.nuts``, ``blackjax.hmc``, ...). Options:
-      ``is_mass_matrix_diagonal=True``, ``initial_step_size=1.0``,
+      ``is_mass_matrix_diagonal=True`` (``False``: dense), ``initial_step_size=1.0``,
       ``target_acceptance_rate=0.8``; other options go to the factory (e.g.
       ``num_integration_steps`` for HMC).
+    - Per chain, before sampling, blackjax's own ``run`` for every chain in one program
+      over the mesh (batched like sampling), each chain with its own parameters (a
+      leading chain axis in ``cr.adapted_parameters``): ``"window_low_rank"``
+      (``blackjax.window_adaptation_low_rank``: the Fisher-divergence low-rank metric),
+      ``"staged"`` (``blackjax.staged_adaptation``, e.g. ``metric="fisher_diag"``),
+      ``"pathfinder"`` (``blackjax.pathfinder_adaptation``), ``"mclmc"``
+      (``blackjax.mclmc_find_L_and_step_size``, ``algorithm=blackjax.mclmc``) and
+      ``"adjusted_mclmc"`` (``blackjax.adjusted_mclmc_find_L_and_step_size``,
+      ``algorithm=blackjax.adjusted_mclmc_dynamic``, ``target=0.9``). For the MCLMC
+      tuners ``num_warmup`` is the tuning length (blackjax's ``num_steps`` is
+      ``num_warmup / (frac_tune1 + frac_tune2 + frac_tune3)``).
     - ``"chees"``: ChEES over all chains, then jittered HMC
       (``algorithm=blackjax.dynamic_hmc``). Options: ``step_size=0.1`` (initial),
       ``learning_rate=0.025`` (Adam), ``jitter_amount=1.0``,
@@ -113,7 +110,8 @@ def from_blackjax(
             with ``adaptation``, the factory (``blackjax.nuts``, ``blackjax.dynamic_hmc``,
             ``blackjax.ghmc``).
         logdensity_fn: the log density of one chain's position (with ``adaptation`` only).
-        adaptation: ``None`` (fixed parameters), ``"window"``, ``"chees"`` or ``"meads"``.
+        adaptation: ``None`` (fixed parameters), a name in ``ADAPTATIONS``, blackjax's
+            adaptation function, or a built ``AdaptationAlgorithm``.
         **options: the adaptation's options (above).
 
     Returns:
@@ -143,7 +141,8 @@ def from_blackjax(
     if logdensity_fn is not None or options:
         given = sorted(options) + (["logdensity_fn"] if logdensity_fn is not None else [])
         raise TypeError(
-            f"from_blackjax: {given} apply only with adaptation='window'|'chees'|'meads'; "
+            f"from_blackjax: {given} apply only with adaptation= (one of {ADAPTATIONS}, "
+            "blackjax's adaptation function or a built one); "
             "without adaptation pass a built algorithm, e.g. blackjax.nuts(logdensity_fn, "
             "step_size, inverse_mass_matrix)."
         )
@@ -189,8 +188,6 @@ _DEFAULTS = {
     },
 }
 
-_FACTORY = {"chees": "dynamic_hmc", "meads": "ghmc"}
-
 _OBJECTS = LRU(64)
 
 
@@ -206,26 +203,24 @@ def _options_key(options: dict) -> tuple:
 
 
 def from_blackjax_adaptive(
-    algorithm: Any, *, logdensity_fn: Callable | None, adaptation: str, **options: Any
-) -> WindowAdaptation | CrossChainAdaptation:
+    algorithm: Any, *, logdensity_fn: Callable | None, adaptation: Any, **options: Any
+) -> Adapter:
     """``from_blackjax(algorithm, logdensity_fn=..., adaptation=...)``: see there.
 
     Args:
-        algorithm: the blackjax factory (``blackjax.nuts``, ``blackjax.hmc``, ... for
-            ``"window"``; ``blackjax.dynamic_hmc`` for ``"chees"``; ``blackjax.ghmc`` for
-            ``"meads"``).
+        algorithm: the blackjax factory the adaptation tunes (``blackjax.nuts``, ...).
         logdensity_fn: the log density of one chain's position.
-        adaptation: ``"window"``, ``"chees"`` or ``"meads"``.
-        **options: the adaptation's options (see ``from_blackjax``); for ``"window"``
-            others are passed to the factory (e.g. ``num_integration_steps``).
+        adaptation: a name (``ADAPTATIONS``), blackjax's adaptation function, or a built
+            ``AdaptationAlgorithm``.
+        **options: the adaptation's options (see ``from_blackjax``).
 
     Returns:
-        A ``WindowAdaptation`` or ``CrossChainAdaptation``; the same object for the
-        same arguments, so repeated runs reuse the compiled programs.
+        A ``WindowAdaptation``, ``CrossChainAdaptation`` or ``TunedAdaptation``; the same
+        object for the same arguments, so repeated runs reuse the compiled programs.
 
     Raises:
         ValueError, TypeError: for an unknown adaptation, a missing ``logdensity_fn``,
-            a factory that does not fit the adaptation, or unknown options.
+            a factory the adaptation cannot adapt, or options it does not take.
 
     Examples:
         >>> import blackjax, jax.numpy as jnp
@@ -236,75 +231,138 @@ def from_blackjax_adaptive(
         True
     """
     where = "from_blackjax"
-    if adaptation not in ADAPTATIONS:
-        raise ValueError(
-            f"{where}: adaptation must be None or one of {ADAPTATIONS}, got {adaptation!r}."
-        )
+    name = _adaptations.name_of(adaptation, where)
     if logdensity_fn is None or not callable(logdensity_fn):
         raise TypeError(
-            f"{where}: adaptation={adaptation!r} needs logdensity_fn=<callable> (the log "
-            f"density of one chain's position), got {logdensity_fn!r}."
+            f"{where}: adaptation={name if name != 'built' else adaptation!r} needs "
+            "logdensity_fn=<callable> (the log density of one chain's position), got "
+            f"{logdensity_fn!r}."
         )
-    if adaptation == "window":
-        if not callable(algorithm) or not hasattr(algorithm, "build_kernel"):
-            raise TypeError(
-                f"{where}: adaptation='window' takes a blackjax algorithm factory called as "
-                "algorithm(logdensity_fn, step_size, inverse_mass_matrix) (e.g. blackjax.nuts "
-                f"or blackjax.hmc), got {type(algorithm).__name__}."
-            )
-        if not _takes_mass_matrix(algorithm):
-            raise TypeError(
-                f"{where}: adaptation='window' adapts a step size and an inverse mass matrix, "
-                f"but {_factory_name(algorithm)} takes no "
-                "inverse_mass_matrix. Window adaptation supports factories called as "
-                "algorithm(logdensity_fn, step_size, inverse_mass_matrix) (blackjax.nuts, "
-                "blackjax.hmc, blackjax.barker_proposal); pass a built algorithm with a fixed "
-                "step size instead (e.g. cr.from_blackjax(blackjax.mala(logdensity_fn, 0.1)))."
-            )
-    else:
-        import blackjax
+    opts = _checked_options(name, algorithm, options, where)
+    token = id(adaptation) if name == "built" else name
+    key = (id(algorithm), id(logdensity_fn), token, _options_key(opts))
+    owner = (algorithm, logdensity_fn) + ((adaptation,) if name == "built" else ())
+    return _OBJECTS.get(key, lambda: _build(name, algorithm, logdensity_fn, adaptation, opts),
+                        owner=owner)  # fmt: skip
 
-        expected = getattr(blackjax, _FACTORY[adaptation])
-        if algorithm is not expected:
+
+def _checked_options(name: str, algorithm: Any, options: dict, where: str) -> dict:
+    """The adaptation's options with its defaults, after every check that needs no run."""
+    import blackjax
+
+    if name == "built":
+        if options:
             raise TypeError(
-                f"{where}: adaptation={adaptation!r} samples with "
-                f"blackjax.{_FACTORY[adaptation]}; pass algorithm=blackjax."
-                f"{_FACTORY[adaptation]}, got {algorithm!r}."
+                f"{where}: options {sorted(options)} apply to an adaptation by name; a built "
+                "AdaptationAlgorithm carries its own (give them where you build it)."
             )
+        if not callable(algorithm):
+            raise TypeError(
+                f"{where}: with a built AdaptationAlgorithm, algorithm is the factory its "
+                "parameters build the sampler with (algorithm(logdensity_fn, "
+                f"**parameters), e.g. blackjax.nuts), got {type(algorithm).__name__}."
+            )
+        return {}
+    _adaptations.check_factory(name, algorithm, options, where)
+    if name in ("chees", "meads"):
         if options.get("layout", "sharded") not in ("replicated", "sharded"):
             raise ValueError(
                 f"{where}: layout must be 'replicated' or 'sharded', got {options['layout']!r}."
             )
-        unknown = sorted(set(options) - set(_DEFAULTS[adaptation]))
+        unknown = sorted(set(options) - set(_DEFAULTS[name]))
         if unknown:
             raise TypeError(
-                f"{where}: unknown option(s) {unknown} for adaptation={adaptation!r}; "
-                f"known: {sorted(_DEFAULTS[adaptation])}."
+                f"{where}: unknown option(s) {unknown} for adaptation={name!r}; "
+                f"known: {sorted(_DEFAULTS[name])}."
             )
-    opts = {**_DEFAULTS[adaptation], **options}
-    key = (id(algorithm), id(logdensity_fn), adaptation, _options_key(opts))
+        return {**_DEFAULTS[name], **options}
+    if name == "window":
+        _adaptations.check_options(name, None, algorithm, options, where)
+        factory_keys = set(_adaptations.factory_parameters(algorithm) or options)
+        unknown = sorted(set(options) - set(_adaptations.WINDOW_OPTIONS) - factory_keys)
+        if unknown:
+            raise TypeError(
+                f"{where}: unknown option(s) {unknown} for adaptation='window' with "
+                f"{_adaptations.factory_name(algorithm)}: the in-loop window takes "
+                f"{list(_adaptations.WINDOW_OPTIONS)} and the factory's own keywords. For "
+                "blackjax.window_adaptation's other options pass the built adaptation: "
+                "adaptation=blackjax.window_adaptation(algorithm, logdensity_fn, ...)."
+            )
+        return {**_DEFAULTS[name], **options}
+    function = getattr(blackjax, _adaptations.FUNCTIONS[name])
+    _adaptations.check_options(name, function, algorithm, options, where)
+    return dict(options)
 
-    def build() -> Adapter:
-        if adaptation == "window":
-            return WindowAdaptation(algorithm, logdensity_fn, opts)
-        return CrossChainAdaptation(adaptation, logdensity_fn, opts)
 
-    return _OBJECTS.get(key, build, owner=(algorithm, logdensity_fn))
+def _build(name: str, algorithm: Any, logdensity_fn: Callable, adaptation: Any,
+           opts: dict) -> Adapter:  # fmt: skip
+    if name == "window":
+        return WindowAdaptation(algorithm, logdensity_fn, opts)
+    if name in ("chees", "meads"):
+        return CrossChainAdaptation(name, logdensity_fn, opts)
+    if name == "mclmc":
+        return TunedAdaptation(_warmup_tuned.mclmc_family(logdensity_fn, opts), logdensity_fn)
+    if name == "adjusted_mclmc":
+        family = _warmup_tuned.adjusted_mclmc_family(logdensity_fn, opts)
+        return TunedAdaptation(family, logdensity_fn)
+    if name == "built":
+        family = _warmup_tuned.run_family(
+            "built", lambda keep: adaptation, algorithm, logdensity_fn, {}, keeps_warmup=False
+        )
+        return TunedAdaptation(family, logdensity_fn)
+    return TunedAdaptation(_named_run_family(name, algorithm, logdensity_fn, opts), logdensity_fn)
 
 
-def adapted_parameters(trace: Any) -> dict[str, np.ndarray]:
-    """The adapted step size and inverse mass matrix of a run with warmup.
+# What blackjax's adaptations keep of each step when the warmup draws are kept.
+_KEPT_INFO = {
+    "acceptance_rate", "is_divergent", "num_integration_steps", "num_trajectory_expansions",
+    "energy",
+}  # fmt: skip
 
-    For ``adaptation="window"`` they are per chain, read from ``trace.final_state``:
-    ``step_size`` ``(chain,)`` and ``inverse_mass_matrix`` ``(chain, d)`` (or
-    ``(chain, d, d)`` for a dense matrix). For ``"chees"``/``"meads"`` they are shared
-    and read from ``trace.attrs`` (``adapted_*`` entries).
+
+def _named_run_family(name: str, algorithm: Any, logdensity_fn: Callable,
+                      opts: dict) -> _warmup_tuned.Family:  # fmt: skip
+    """blackjax's adaptation function of ``name`` built with ``opts``; the options its
+    signature does not name go to the factory (blackjax passes them on too)."""
+    import blackjax
+    from blackjax.adaptation.base import get_filter_adapt_info_fn
+
+    function = getattr(blackjax, _adaptations.FUNCTIONS[name])
+    own = set(inspect.signature(function).parameters)
+    static = {k: v for k, v in opts.items() if k not in own}
+
+    # window_adaptation_low_rank starts sampling from the last step's mu_star.
+    adaptation_keys = {"mu_star"} if name == "window_low_rank" else set()
+
+    def build(keep: bool) -> Any:
+        info_fn = (
+            get_filter_adapt_info_fn({"position", "logdensity"}, _KEPT_INFO, adaptation_keys)
+            if keep
+            else get_filter_adapt_info_fn(set(), set(), adaptation_keys)
+        )
+        return function(algorithm, logdensity_fn, adaptation_info_fn=info_fn, **opts)
+
+    return _warmup_tuned.run_family(name, build, algorithm, logdensity_fn, static)
+
+
+def adapted_parameters(trace: Any) -> dict[str, Any]:
+    """The adapted parameters of a run with warmup: step size, inverse mass matrix, ...
+
+    Per chain, with a leading chain axis, where every chain adapts on its own: for
+    ``adaptation="window"`` ``step_size`` ``(chain,)`` and ``inverse_mass_matrix``
+    ``(chain, d)`` (``(chain, d, d)`` for a dense matrix), read from
+    ``trace.final_state``; for blackjax's per-chain adaptations (``"window_low_rank"``,
+    ``"staged"``, ``"pathfinder"``, ``"mclmc"``, ``"adjusted_mclmc"``, a built
+    ``AdaptationAlgorithm``) the parameters blackjax's adaptation returned (a low-rank
+    inverse mass matrix stays blackjax's ``LowRankInverseMassMatrix`` of arrays; MCLMC
+    adds ``L``). For ``"chees"``/``"meads"`` they are shared by all chains and read from
+    ``trace.attrs`` (``adapted_*`` entries).
 
     Args:
         trace: a ``cr.Trace``.
 
     Returns:
-        ``{name: numpy array}``.
+        ``{name: numpy array (or a NamedTuple of them)}``.
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -323,6 +381,8 @@ def adapted_parameters(trace: Any) -> dict[str, np.ndarray]:
             "step_size": np.asarray(a.step_size),
             "inverse_mass_matrix": np.asarray(a.inverse_mass_matrix),
         }
+    if isinstance(state, Tuned) and state.parameters:
+        return jax.tree.map(np.asarray, dict(_distributed.to_host(state.parameters)))
     found = {
         k[len("adapted_") :]: np.asarray(v)
         for k, v in trace.attrs.items()

@@ -1,0 +1,277 @@
+"""blackjax's own adaptations, run for every chain on its own device before sampling.
+
+``cr.from_blackjax(factory, logdensity_fn=..., adaptation=...)`` lands here for the
+adaptations blackjax runs as one call per chain: ``window_adaptation_low_rank``,
+``staged_adaptation``, ``pathfinder_adaptation``, a built ``AdaptationAlgorithm`` (its
+``run(rng_key, position, num_steps)``), and the two MCLMC tuners
+(``mclmc_find_L_and_step_size`` with ``blackjax.mclmc``,
+``adjusted_mclmc_find_L_and_step_size`` with ``blackjax.adjusted_mclmc_dynamic``).
+
+One program runs the adaptation of every chain under ``shard_map``, batched like sampling
+(``_mesh.local_map``). Each chain gets its own parameters: they travel in its state
+(``Tuned.parameters``, a leading chain axis across chains), so padding, checkpoints,
+continued traces and ``final_state`` hold them like any state. Chain ``i``'s adaptation key
+is ``fold_in(init_key_i, 0)``, where ``init_key_i`` is chain ``i``'s init key
+(``_programs.chain_key_pair``; its retries fold in 1, 2, ...): blackjax's own ``run`` with
+that key and chain ``i``'s position gives the same result, within float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...core._kernel import (
+    Adapter,
+    CrossChainWarmup,
+    Kernel,
+    WarmupRequest,
+    default_extract,
+    default_logdensity,
+    library_attrs,
+)
+from ...core._lru import LRU
+from ...core._naming import info_stats
+from ...layout import _distributed, _mesh
+from ...programs._programs import chain_key_pair
+
+
+class Pending(NamedTuple):
+    """A chain before its warmup: its position and log density (checked to be finite)."""
+
+    position: Any
+    logdensity: jax.Array
+
+
+class Tuned(NamedTuple):
+    """The chain state of a per-chain tuned kernel.
+
+    Attributes:
+        state: the sampler's state (``Pending`` before the warmup).
+        parameters: this chain's adapted parameters (``step_size``,
+            ``inverse_mass_matrix``, ``L``, ...), as blackjax's adaptation returned them;
+            across chains they have a leading chain axis.
+    """
+
+    state: Any
+    parameters: Any
+
+
+class Family(NamedTuple):
+    """How one adaptation tunes a chain and builds its sampler.
+
+    Attributes:
+        name: the adaptation's name (trace attrs, errors).
+        tune: ``tune(rng_key, position, num_warmup, keep) -> (state, parameters, info)``;
+            ``info`` is blackjax's per-step ``AdaptationInfo`` when ``keep`` (else ignored).
+        sampler: ``sampler(parameters) -> SamplingAlgorithm`` (its ``step`` is used).
+        keeps_warmup: whether ``tune`` can return the warmup draws.
+    """
+
+    name: str
+    tune: Callable
+    sampler: Callable
+    keeps_warmup: bool
+
+
+def array_parameters(parameters: dict) -> dict:
+    """The entries of blackjax's parameters that are arrays (the rest are the factory's
+    static extras, e.g. an integrator, given again when the sampler is built)."""
+
+    def is_array(v: Any) -> bool:
+        leaves = jax.tree.leaves(v)
+        return bool(leaves) and all(isinstance(x, jax.Array | np.ndarray | float | int)
+                                    for x in leaves)  # fmt: skip
+
+    return {k: v for k, v in parameters.items() if is_array(v)}
+
+
+def run_family(name: str, build: Callable, factory: Callable, logdensity_fn: Callable,
+               static: dict, keeps_warmup: bool = True) -> Family:  # fmt: skip
+    """An adaptation with blackjax's ``AdaptationAlgorithm.run``; ``build(keep)`` makes it."""
+
+    def tune(rng_key, position, num_warmup, keep):
+        results, info = build(keep).run(rng_key, position, num_warmup)
+        return results.state, array_parameters(results.parameters), info
+
+    def sampler(parameters):
+        return factory(logdensity_fn, **{**static, **parameters})
+
+    return Family(name, tune, sampler, keeps_warmup)
+
+
+def tuning_steps(num_warmup: int, fractions: tuple[float, ...]) -> int:
+    """The MCLMC tuners' ``num_steps`` (the run they tune for) whose tuning phases,
+    ``sum(fractions) * num_steps`` steps, are ``num_warmup`` steps."""
+    total = float(sum(fractions))
+    if total <= 0:
+        raise ValueError(f"from_blackjax: the MCLMC tuning fractions {fractions} sum to 0.")
+    return max(round(num_warmup / total), 1)
+
+
+def mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
+    """``blackjax.mclmc`` tuned by ``mclmc_find_L_and_step_size`` (``options`` go to it,
+    ``integrator`` to the kernel too)."""
+    import blackjax
+    from blackjax.mcmc import mclmc
+
+    opts = dict(options)
+    integrator = opts.pop("integrator", mclmc.isokinetic_mclachlan)
+    fractions = tuple(opts.get(f, 0.1) for f in ("frac_tune1", "frac_tune2", "frac_tune3"))
+
+    def tune(rng_key, position, num_warmup, keep):
+        init_key, tune_key = jax.random.split(rng_key)
+        state = mclmc.init(position, logdensity_fn, init_key)
+        state, p, _ = blackjax.mclmc_find_L_and_step_size(
+            mclmc.build_kernel(integrator=integrator), tuning_steps(num_warmup, fractions),
+            state, tune_key, logdensity_fn=logdensity_fn, **opts,
+        )  # fmt: skip
+        return state, {"L": p.L, "step_size": p.step_size,
+                       "inverse_mass_matrix": p.inverse_mass_matrix}, None  # fmt: skip
+
+    def sampler(parameters):
+        return blackjax.mclmc(logdensity_fn, integrator=integrator, **parameters)
+
+    return Family("mclmc", tune, sampler, keeps_warmup=False)
+
+
+def adjusted_mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
+    """``blackjax.adjusted_mclmc_dynamic`` tuned by ``adjusted_mclmc_find_L_and_step_size``
+    (random trajectory lengths of mean ``L / step_size``; ``target=0.9`` by default)."""
+    import blackjax
+    from blackjax.mcmc import adjusted_mclmc_dynamic as amd
+
+    opts = {"target": 0.9, **options}
+    integrator = opts.pop("integrator", amd.integrators.isokinetic_mclachlan)
+    steps_fn = amd.make_random_trajectory_length_fn(True)
+    fractions = tuple(opts.get(f, d) for f, d in
+                      (("frac_tune1", 0.1), ("frac_tune2", 0.1), ("frac_tune3", 0.0)))  # fmt: skip
+
+    def tune(rng_key, position, num_warmup, keep):
+        init_key, tune_key = jax.random.split(rng_key)
+        state = amd.init(position, logdensity_fn, init_key)
+        kernel = amd.build_kernel(integration_steps_fn=steps_fn, integrator=integrator)
+        state, p, _ = blackjax.adjusted_mclmc_find_L_and_step_size(
+            kernel, logdensity_fn, tuning_steps(num_warmup, fractions), state, tune_key, **opts
+        )
+        return state, {"L": p.L, "step_size": p.step_size,
+                       "inverse_mass_matrix": p.inverse_mass_matrix}, None  # fmt: skip
+
+    def sampler(parameters):
+        return blackjax.adjusted_mclmc_dynamic(
+            logdensity_fn, step_size=parameters["step_size"],
+            inverse_mass_matrix=parameters["inverse_mass_matrix"], integrator=integrator,
+            integration_steps_fn=steps_fn,
+            integration_steps_params=(parameters["L"] / parameters["step_size"],),
+        )  # fmt: skip
+
+    return Family("adjusted_mclmc", tune, sampler, keeps_warmup=False)
+
+
+def tuned_kernel(family: Family, logdensity_fn: Callable) -> Kernel:
+    """The one ``Kernel`` of a tuned adaptation: ``init`` gives a ``Pending`` chain (the
+    warmup program tunes it), ``step`` samples with the chain's own parameters."""
+
+    def init(position, rng_key):
+        return Tuned(Pending(position, jnp.asarray(logdensity_fn(position))), {})
+
+    def step(rng_key, s):
+        state, info = family.sampler(s.parameters).step(rng_key, s.state)
+        return Tuned(state, s.parameters), info
+
+    def extract(s, info):
+        draw, stats = default_extract(s.state, info)
+        if "step_size" in s.parameters:
+            stats["step_size"] = jnp.asarray(s.parameters["step_size"])
+        return draw, stats
+
+    def logdensity(s):
+        return default_logdensity(s.state)
+
+    return Kernel(init=init, step=step, extract=extract, logdensity=logdensity)
+
+
+def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: int,
+                 keep: bool) -> Callable:  # fmt: skip
+    """``(state, chain, rng_key) -> (Tuned state, info)``: every chain's warmup, sharded."""
+
+    def body(state, chain, rng_key):
+        def one(args):
+            s, chain = args
+            key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
+            new, parameters, info = family.tune(key, s.state.position, num_warmup, keep)
+            if not keep:
+                return Tuned(new, parameters), None
+            return Tuned(new, parameters), (info.state.position, jax.vmap(info_stats)(info.info))
+
+        return _mesh.local_map(one, batch_size)((state, chain))
+
+    return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=1)
+
+
+class TunedAdaptation(Adapter):
+    """A blackjax kernel whose parameters each chain's own blackjax warmup sets.
+
+    Build it with ``cr.from_blackjax(factory, logdensity_fn=..., adaptation=...)`` for
+    ``"window_low_rank"``, ``"staged"``, ``"pathfinder"``, ``"mclmc"``,
+    ``"adjusted_mclmc"``, blackjax's functions of those names, or a built
+    ``AdaptationAlgorithm``. ``cr.run`` initialises the chains, runs every chain's warmup
+    in one program over the mesh (``cross_chain_warmup``: a warmup before sampling, per
+    chain), then samples each chain with its own parameters (in ``Tuned.parameters``;
+    ``cr.adapted_parameters(trace)`` reads them with a leading chain axis).
+
+    Attributes:
+        family: how the adaptation tunes a chain and builds its sampler.
+
+    Examples:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> f = lambda x: -0.5 * jnp.sum(x**2)
+        >>> k = cr.from_blackjax(blackjax.nuts, logdensity_fn=f, adaptation="window_low_rank")
+        >>> trace = cr.run(k, jax.random.key(0), jnp.zeros((3, 2)), 20, num_warmup=40,
+        ...                progress=False)
+        >>> cr.adapted_parameters(trace)["step_size"].shape
+        (3,)
+    """
+
+    has_cross_chain_warmup = True
+    needs_warmup = True
+
+    def __init__(self, family: Family, logdensity_fn: Callable):
+        self.family = family
+        self._kernel = tuned_kernel(family, logdensity_fn)
+        self._programs = LRU(16)
+
+    def __repr__(self) -> str:
+        return f"TunedAdaptation({self.family.name!r})"
+
+    def attrs(self) -> dict[str, Any]:
+        return library_attrs("blackjax")
+
+    def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
+        """The one kernel: fresh chains start ``Pending``, tuned ones sample on."""
+        return self._kernel
+
+    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
+        """Tunes every chain (padding ones too, discarded later); called by ``run``."""
+        r = request
+        if r.keep_warmup and not self.family.keeps_warmup:
+            raise ValueError(
+                f"run: keep_warmup=True, but adaptation={self.family.name!r} returns no "
+                "warmup draws (blackjax's tuner gives only its final state); pass "
+                "keep_warmup=False."
+            )
+        padded = int(jax.tree.leaves(r.state)[0].shape[0])
+        b, _ = _mesh.auto_batch_size(r.batch_size, r.mesh, r.num_chains)
+        shape = (r.mesh, b, r.num_warmup, bool(r.keep_warmup))
+        program = self._programs.get(shape, lambda: tune_program(self.family, *shape))
+        chains = _mesh.place(_mesh.chain_ids(r.num_chains, padded), r.mesh)
+        state, kept = program(r.state, chains, _mesh.replicate(r.rng_key, r.mesh))
+        draws = stats = None
+        if kept is not None:
+            draws, stats = jax.tree.map(lambda x: x[: r.num_chains], _distributed.to_host(kept))
+        return CrossChainWarmup(state, self._kernel, draws, stats, {"adaptation": self.family.name})
