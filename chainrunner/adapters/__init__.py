@@ -56,7 +56,7 @@ def from_pymc(
     model: Any,
     *,
     algorithm: Any = None,
-    adaptation: Any = "window",
+    adaptation: Any = "fisher_low_rank",
     target_accept: float | None = None,
     log_likelihood: bool = False,
     initvals: dict | None = None,

@@ -566,7 +566,7 @@ def from_pymc(
     model: Any,
     *,
     algorithm: Any = None,
-    adaptation: Any = "window",
+    adaptation: Any = "fisher_low_rank",
     target_accept: float | None = None,
     log_likelihood: bool = False,
     initvals: Mapping | None = None,
@@ -596,7 +596,9 @@ def from_pymc(
             (``blackjax.nuts``; ``blackjax.dynamic_hmc`` for ``"chees"``, ``blackjax.ghmc``
             for ``"meads"``, ``blackjax.mclmc`` for ``"mclmc"``,
             ``blackjax.adjusted_mclmc_dynamic`` for ``"adjusted_mclmc"``).
-        adaptation: ``"window"`` (Stan's, per chain, in the sampling loop), any other
+        adaptation: ``"fisher_low_rank"`` (the default: nutpie's Fisher-divergence
+            adaptation with a low-rank mass matrix, per chain, in the sampling loop),
+            ``"fisher"`` (its diagonal form), ``"window"`` (Stan's), any other
             name or blackjax adaptation function ``cr.from_blackjax`` takes
             (``"window_low_rank"``, ``"staged"``, ``"pathfinder"``, ``"mclmc"``,
             ``"adjusted_mclmc"``: per chain, before sampling; ``"chees"``, ``"meads"``:

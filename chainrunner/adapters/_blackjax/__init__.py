@@ -2,8 +2,9 @@
 
 ``from_blackjax(algorithm)`` wraps a built ``SamplingAlgorithm`` as a ``Kernel``;
 ``from_blackjax(factory, logdensity_fn=..., adaptation=...)`` gives an ``Adapter``: window
-adaptation per chain (``_warmup_window``) or ChEES/MEADS across chains
-(``_warmup_cross_chain``).
+or Fisher adaptation per chain in the loop (``_warmup_window``, ``_warmup_fisher``),
+blackjax's per-chain adaptations before it (``_warmup_tuned``), or ChEES/MEADS across
+chains (``_warmup_cross_chain``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from ...core._kernel import Adapter, Kernel
 from ...core._lru import LRU
 from ...layout import _distributed
-from . import _adaptations, _warmup_tuned
+from . import _adaptations, _warmup_fisher, _warmup_tuned
 from ._adaptations import ADAPTATIONS
 from ._warmup_cross_chain import CrossChainAdaptation
 from ._warmup_tuned import Tuned, TunedAdaptation
@@ -74,6 +75,22 @@ def from_blackjax(
       ``is_mass_matrix_diagonal=True`` (``False``: dense), ``initial_step_size=1.0``,
       ``target_acceptance_rate=0.8``; other options go to the factory (e.g.
       ``num_integration_steps`` for HMC).
+    - ``"fisher"``, ``"fisher_low_rank"``: nutpie's Fisher-divergence adaptation, per
+      chain, inside the sampling program like ``"window"`` (``_warmup_fisher``): the
+      mass matrix from the draws *and their gradients*, updated after every warmup draw
+      from the last one to two of nutpie's growing windows, a diagonal
+      (``σ² = sqrt(Var[x]/Var[∇log p])``) or that plus ``max_rank`` eigen-directions
+      (Algorithm 1 of Seyboldt, Carlson & Carpenter). Options (nutpie's defaults):
+      ``target_acceptance_rate=0.8``, ``initial_step_size=0.1``, ``early_window=0.3``,
+      ``step_size_window=0.15``, ``early_switch_freq=10``, ``switch_freq=80``,
+      ``window_growth=1.5``, ``step_size_jitter=0.1``, ``update_freq=1`` (draws between
+      mass-matrix updates, besides every switch; 10 for the low rank, whose update costs
+      more); for the low rank ``max_rank=10``
+      (``None``: nutpie's, every direction outside the cutoff, in float64; equal to
+      nutpie per gradient on a dense 100-d Gaussian, but slow on CPU),
+      ``gamma=1e-5``, ``eigenvalue_cutoff=2.0``; other options go to the factory. The
+      factory's state must carry ``logdensity_grad`` (blackjax's HMC family does).
+      ``cr.from_pymc``'s default is ``"fisher_low_rank"``.
     - Per chain, before sampling, blackjax's own ``run`` for every chain in one program
       over the mesh (batched like sampling), each chain with its own parameters (a
       leading chain axis in ``cr.adapted_parameters``): ``"window_low_rank"``
@@ -276,6 +293,8 @@ def _checked_options(name: str, algorithm: Any, options: dict, where: str) -> di
                 f"known: {sorted(_DEFAULTS[name])}."
             )
         return {**_DEFAULTS[name], **options}
+    if name in _adaptations.IN_LOOP:
+        return _fisher_options(name, algorithm, options, where)
     if name == "window":
         _adaptations.check_options(name, None, algorithm, options, where)
         factory_keys = set(_adaptations.factory_parameters(algorithm) or options)
@@ -294,10 +313,62 @@ def _checked_options(name: str, algorithm: Any, options: dict, where: str) -> di
     return dict(options)
 
 
+def _fisher_options(name: str, algorithm: Any, options: dict, where: str) -> dict:
+    """The Fisher adaptation's options with nutpie's defaults, checked."""
+    own = {**_warmup_fisher.OPTIONS}
+    if name == "fisher_low_rank":
+        own.update(_warmup_fisher.LOW_RANK_OPTIONS)
+    factory_keys = set(_adaptations.factory_parameters(algorithm) or options)
+    factory_keys -= {"logdensity_fn", "step_size", "inverse_mass_matrix"}
+    unknown = sorted(set(options) - set(own) - factory_keys)
+    if unknown:
+        window = sorted(set(unknown) & set(_adaptations.WINDOW_OPTIONS))
+        hint = f" {window} are options of adaptation='window' (Stan's)." if window else ""
+        raise TypeError(
+            f"{where}: unknown option(s) {unknown} for adaptation={name!r} with "
+            f"{_adaptations.factory_name(algorithm)}; it takes {sorted(own)} and the "
+            f"factory's own keywords.{hint}"
+        )
+    opts = {**own, **options}
+    for key in ("target_acceptance_rate", "early_window", "step_size_window"):
+        if not 0.0 < float(opts[key]) < 1.0:
+            raise ValueError(f"{where}: {key} must be in (0, 1), got {opts[key]!r}.")
+    if float(opts["early_window"]) + float(opts["step_size_window"]) >= 1.0:
+        raise ValueError(
+            f"{where}: early_window + step_size_window must be below 1 (the rest of warmup "
+            f"adapts the mass matrix in growing windows), got {opts['early_window']} + "
+            f"{opts['step_size_window']}."
+        )
+    rank = ("max_rank",) if name == "fisher_low_rank" and opts["max_rank"] is not None else ()
+    for key in ("early_switch_freq", "switch_freq", "update_freq", *rank):
+        if (
+            isinstance(opts[key], bool)
+            or not isinstance(opts[key], (int, np.integer))
+            or (opts[key] < 1)
+        ):
+            raise ValueError(f"{where}: {key} must be a positive integer, got {opts[key]!r}.")
+    if float(opts["window_growth"]) < 1.0:
+        raise ValueError(f"{where}: window_growth must be >= 1, got {opts['window_growth']!r}.")
+    if not 0.0 <= float(opts["step_size_jitter"]) < 1.0:
+        raise ValueError(
+            f"{where}: step_size_jitter must be in [0, 1), got {opts['step_size_jitter']!r}."
+        )
+    return opts
+
+
 def _build(name: str, algorithm: Any, logdensity_fn: Callable, adaptation: Any,
            opts: dict) -> Adapter:  # fmt: skip
     if name == "window":
         return WindowAdaptation(algorithm, logdensity_fn, opts)
+    if name in _adaptations.IN_LOOP:
+        low_rank = name == "fisher_low_rank"
+
+        def kernel_fn(algorithm, logdensity_fn, num_warmup, options):
+            return _warmup_fisher.fisher_kernel(
+                algorithm, logdensity_fn, num_warmup, options, low_rank
+            )
+
+        return WindowAdaptation(algorithm, logdensity_fn, opts, name, kernel_fn)
     if name in ("chees", "meads"):
         return CrossChainAdaptation(name, logdensity_fn, opts)
     if name == "mclmc":
@@ -349,8 +420,9 @@ def adapted_parameters(trace: Any) -> dict[str, Any]:
     """The adapted parameters of a run with warmup: step size, inverse mass matrix, ...
 
     Per chain, with a leading chain axis, where every chain adapts on its own: for
-    ``adaptation="window"`` ``step_size`` ``(chain,)`` and ``inverse_mass_matrix``
-    ``(chain, d)`` (``(chain, d, d)`` for a dense matrix), read from
+    ``adaptation="window"`` and ``"fisher"`` ``step_size`` ``(chain,)`` and
+    ``inverse_mass_matrix`` ``(chain, d)`` (``(chain, d, d)`` for a dense matrix; for
+    ``"fisher_low_rank"`` blackjax's ``LowRankInverseMassMatrix`` of arrays), read from
     ``trace.final_state``; for blackjax's per-chain adaptations (``"window_low_rank"``,
     ``"staged"``, ``"pathfinder"``, ``"mclmc"``, ``"adjusted_mclmc"``, a built
     ``AdaptationAlgorithm``) the parameters blackjax's adaptation returned (a low-rank
@@ -379,7 +451,7 @@ def adapted_parameters(trace: Any) -> dict[str, Any]:
         a = _distributed.to_host(state.adaptation)
         return {
             "step_size": np.asarray(a.step_size),
-            "inverse_mass_matrix": np.asarray(a.inverse_mass_matrix),
+            "inverse_mass_matrix": jax.tree.map(np.asarray, a.inverse_mass_matrix),
         }
     if isinstance(state, Tuned) and state.parameters:
         return jax.tree.map(np.asarray, dict(_distributed.to_host(state.parameters)))

@@ -7,8 +7,9 @@ factory the adaptation can adapt, options it does not take, values of the wrong 
 
 Where each one runs:
 
-- ``"window"``: inside the sampling loop, per chain (``_warmup_window``):
-  chunked, with the progress bar, Ctrl-C, checkpoints and ``until=``.
+- ``"window"``, ``"fisher"``, ``"fisher_low_rank"``: inside the sampling loop, per chain
+  (``_warmup_window``, ``_warmup_fisher``): chunked, with the progress bar, Ctrl-C,
+  checkpoints and ``until=``.
 - ``"chees"``, ``"meads"``: over all chains before sampling (``_warmup_cross_chain``).
 - the rest: blackjax's own ``run`` for every chain before sampling (``_warmup_tuned``).
 """
@@ -30,7 +31,9 @@ FUNCTIONS = {
     "chees": "chees_adaptation",
     "meads": "meads_adaptation",
 }
-ADAPTATIONS = tuple(FUNCTIONS)
+# chainrunner's own, in the sampling loop (no blackjax function of their own).
+IN_LOOP = ("fisher", "fisher_low_rank")
+ADAPTATIONS = tuple(FUNCTIONS) + IN_LOOP
 """The names ``from_blackjax(..., adaptation=...)`` takes."""
 
 # The factory each adaptation samples with, where it is one only.

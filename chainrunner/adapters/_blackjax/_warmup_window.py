@@ -98,33 +98,79 @@ def _adapt_fn(num_warmup: int, is_diagonal: bool, target: float) -> tuple[Callab
     return init, adapt
 
 
-def window_kernel(
-    algorithm: Callable, logdensity_fn: Callable, num_warmup: int, options: dict
-) -> Kernel:
-    """The ``Kernel`` that window-adapts during its first ``num_warmup`` steps."""
-    extra = dict(options)
-    initial_step_size = extra.pop("initial_step_size")
+class InLoop(NamedTuple):
+    """An adaptation that runs inside the sampling loop, per chain.
+
+    Attributes:
+        init: ``init(state, rng_key) -> adaptation``: the adaptation state of a chain whose
+            kernel state (built at ``initial``'s values) is ``state``.
+        adapt: ``adapt(adaptation, t, old_state, new_state, info) -> adaptation``: the
+            update after step ``t`` (the identity from step ``num_warmup`` on).
+        initial: ``initial(dim, dtype) -> (step_size, inverse_mass_matrix)`` that the first
+            kernel state is built at.
+        jitter: the step size of every step is the adapted one times a uniform draw in
+            ``[1 - jitter, 1 + jitter]`` (0: none, and the step's key goes to the kernel
+            untouched).
+    """
+
+    init: Callable
+    adapt: Callable
+    initial: Callable
+    jitter: float = 0.0
+
+
+def _window_in_loop(num_warmup: int, options: dict) -> InLoop:
     init_adaptation, adapt = _adapt_fn(
-        num_warmup, extra.pop("is_mass_matrix_diagonal"), extra.pop("target_acceptance_rate")
+        num_warmup, options["is_mass_matrix_diagonal"], options["target_acceptance_rate"]
     )
+    step_size = options["initial_step_size"]
+
+    def init(state, rng_key):
+        flat, _ = ravel_pytree(state.position)
+        return init_adaptation(flat.shape[0], jnp.asarray(step_size, dtype=flat.dtype))
+
+    def adapt_after(a, t, old, new, info):
+        return adapt(a, t, new.position, info.acceptance_rate)
+
+    def initial(dim, dtype):
+        a = init_adaptation(dim, jnp.asarray(step_size, dtype=dtype))
+        return a.step_size, a.inverse_mass_matrix
+
+    return InLoop(init, adapt_after, initial)
+
+
+def adaptive_kernel(
+    algorithm: Callable, logdensity_fn: Callable, num_warmup: int, extra: dict, spec: InLoop
+) -> Kernel:
+    """The ``Kernel`` that runs ``spec`` during its first ``num_warmup`` steps.
+
+    The chain state carries the adaptation state and the global step number, and the step
+    rebuilds the kernel (``algorithm(logdensity_fn, step_size, inverse_mass_matrix,
+    **extra)``) from the current adapted values: one program serves every step size and
+    mass matrix, with one kernel call per step, warmup or not.
+    """
 
     def build(step_size, inverse_mass_matrix):
         return algorithm(logdensity_fn, step_size, inverse_mass_matrix, **extra)
 
     def init(position, rng_key):
         flat, _ = ravel_pytree(position)
-        a = init_adaptation(flat.shape[0], jnp.asarray(initial_step_size, dtype=flat.dtype))
-        state = build(a.step_size, a.inverse_mass_matrix).init(position, rng_key)
-        return WindowState(state, a, jnp.int32(0))
+        state = build(*spec.initial(flat.shape[0], flat.dtype)).init(position, rng_key)
+        a = spec.init(state, jax.random.fold_in(rng_key, 1))
+        return WindowState(build(a.step_size, a.inverse_mass_matrix).init(position, rng_key),
+                           a, jnp.int32(0))  # fmt: skip
 
     def step(rng_key, s):
         a = s.adaptation
-        # The kernel is rebuilt from the current values inside the trace: one program
-        # serves every step size and mass matrix. One kernel call per step, warmup or not.
-        state, info = build(a.step_size, a.inverse_mass_matrix).step(rng_key, s.state)
+        step_size = a.step_size
+        if spec.jitter:
+            rng_key, jitter_key = jax.random.split(rng_key)
+            u = jax.random.uniform(jitter_key, (), step_size.dtype, -1.0, 1.0)
+            step_size = step_size * (1.0 + spec.jitter * u)
+        state, info = build(step_size, a.inverse_mass_matrix).step(rng_key, s.state)
         if num_warmup > 0:
-            a = adapt(a, s.step, state.position, info.acceptance_rate)
-        return WindowState(state, a, s.step + 1), (info, s.adaptation.step_size)
+            a = spec.adapt(a, s.step, s.state, state, info)
+        return WindowState(state, a, s.step + 1), (info, step_size)
 
     def extract(s, info):
         info, step_size = info
@@ -136,6 +182,18 @@ def window_kernel(
         return default_logdensity(s.state)
 
     return Kernel(init=init, step=step, extract=extract, logdensity=logdensity)
+
+
+def window_kernel(
+    algorithm: Callable, logdensity_fn: Callable, num_warmup: int, options: dict
+) -> Kernel:
+    """The ``Kernel`` that window-adapts during its first ``num_warmup`` steps."""
+    extra = {k: v for k, v in options.items() if k not in _WINDOW_KEYS}
+    spec = _window_in_loop(num_warmup, options)
+    return adaptive_kernel(algorithm, logdensity_fn, num_warmup, extra, spec)
+
+
+_WINDOW_KEYS = ("initial_step_size", "is_mass_matrix_diagonal", "target_acceptance_rate")
 
 
 class WindowAdaptation(Adapter):
@@ -167,15 +225,25 @@ class WindowAdaptation(Adapter):
 
     needs_warmup = True  # num_warmup=0 would sample at step size 1.0, never adapted
 
-    def __init__(self, algorithm: Callable, logdensity_fn: Callable, options: dict):
+    def __init__(
+        self,
+        algorithm: Callable,
+        logdensity_fn: Callable,
+        options: dict,
+        name: str = "window",
+        kernel_fn: Callable | None = None,
+    ):
         self.algorithm = algorithm
         self.logdensity_fn = logdensity_fn
         self.options = dict(options)
+        self.name = name
+        # kernel_fn(algorithm, logdensity_fn, num_warmup, options) -> Kernel
+        self.kernel_fn = window_kernel if kernel_fn is None else kernel_fn
         self._kernels = LRU(16)
 
     def __repr__(self) -> str:
         name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
-        return f"WindowAdaptation({name}, {self.options})"
+        return f"WindowAdaptation({name}, {self.name!r}, {self.options})"
 
     def attrs(self) -> dict[str, Any]:
         return library_attrs("blackjax")
@@ -203,5 +271,5 @@ class WindowAdaptation(Adapter):
         """
         n = int(num_warmup)
         return self._kernels.get(
-            n, lambda: window_kernel(self.algorithm, self.logdensity_fn, n, self.options)
+            n, lambda: self.kernel_fn(self.algorithm, self.logdensity_fn, n, self.options)
         )

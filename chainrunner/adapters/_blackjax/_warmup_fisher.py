@@ -1,0 +1,471 @@
+"""The Fisher-divergence adaptation (nutpie's), per chain, inside the sampling loop.
+
+``cr.from_blackjax(factory, logdensity_fn=..., adaptation="fisher" | "fisher_low_rank")``
+lands here. The mass matrix minimises a Fisher divergence between the target and a
+Gaussian fitted to each chain's warmup draws *and their gradients* (Seyboldt, Carlson &
+Carpenter), on nutpie's schedule:
+
+- the chain starts from ``M⁻¹ = 1/|∇log p(x₀)|`` and a step size found by doubling or
+  halving one leapfrog step until its acceptance crosses the target;
+- every draw that moved feeds two estimators, a *foreground* one that sets the mass
+  matrix after every draw, and a *background* one. At each switch the background becomes
+  the foreground and a new background starts: in the first ``early_window`` of warmup
+  every ``early_switch_freq`` draws, then in windows of ``switch_freq`` draws that grow
+  by ``window_growth``. The mass matrix always reflects the last one to two windows, so
+  the draws of the first transient are forgotten early;
+- the step size follows dual averaging throughout (restarted when the mass matrix first
+  changes), frozen at its averaged value after warmup, and jittered by
+  ``±step_size_jitter`` on every step, warmup or not;
+- the last ``step_size_window`` of warmup adapts the step size only.
+
+``"fisher"`` adapts a diagonal, ``σ² = sqrt(Var[x] / Var[∇log p])`` per coordinate (blackjax's
+``fisher_score_diagonal_from_moments``) from running moments. ``"fisher_low_rank"`` adds up
+to ``max_rank`` eigen-directions (Algorithm 1, as blackjax's ``fisher_score_low_rank``)
+from running co-moments of the foreground's draws and gradients (``low_rank_metric``).
+
+The schedule is a constant of the program, computed from ``num_warmup`` alone: the same
+call gives the same draws on every layout and in every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from ...core._kernel import Kernel
+from ...core._lazy import lazy_cond
+from ._warmup_window import InLoop, adaptive_kernel, strong
+
+OPTIONS = {
+    "target_acceptance_rate": 0.8,
+    "initial_step_size": 0.1,
+    "early_window": 0.3,
+    "step_size_window": 0.15,
+    "early_switch_freq": 10,
+    "switch_freq": 80,
+    "window_growth": 1.5,
+    "step_size_jitter": 0.1,
+    "update_freq": 1,
+}
+"""The options of both Fisher adaptations and their defaults (nutpie's)."""
+LOW_RANK_OPTIONS = {"max_rank": 10, "gamma": 1e-5, "eigenvalue_cutoff": 2.0, "update_freq": 10}
+"""The further options of ``"fisher_low_rank"`` and their defaults.
+
+``gamma`` and ``eigenvalue_cutoff`` are nutpie's. ``max_rank=10`` is blackjax's: nutpie
+keeps every direction outside the cutoff (``max_rank=None`` here, see ``rank_of``), which
+matched nutpie's ESS per gradient on the dense 100-d Gaussian (186 per 1000 gradients
+against 168, float64) but costs three ``d x d`` eigendecompositions per update, and XLA's
+on CPU are slow (10 ms at d = 89 in float64): a radon-like 89-d model took 18.6 s where 10
+directions took 0.97 s. ``update_freq``: nutpie updates after every draw; here every 10th
+and at every switch (dense 100-d Gaussian: 176 effective draws per 1000 gradients at 10,
+182 at 1, in a quarter of the time)."""
+FLOAT32_RANK = 10
+
+
+def rank_of(options: dict, dim: int, dtype: Any) -> int:
+    """The number of directions the low-rank metric keeps, a constant of the program.
+
+    ``max_rank=None`` is nutpie's: every direction outside the cutoff (``dim``), in
+    float64. In float32 it is ``FLOAT32_RANK`` (the default): the regularised
+    covariances span ``1`` to ``n Var/gamma`` (``1e8`` and more), which float32's
+    eigendecompositions cannot resolve at their small end; measured on the dense 100-d
+    Gaussian, 50 or 100 directions in float32 left the chains stuck (ESS per 1000
+    gradients 0.01), where 100 in float64 gave 186 (nutpie: 168).
+    """
+    rank = options.get("max_rank")
+    if rank is None:
+        rank = dim if jnp.dtype(dtype) == jnp.float64 else FLOAT32_RANK
+    return min(int(rank), int(dim))
+
+
+class Schedule(NamedTuple):
+    """What each warmup draw does, a constant of the program.
+
+    Attributes:
+        adapts_metric: ``(num_warmup,)`` bool: the draw feeds the estimators and the mass
+            matrix is updated after it (false in the final step-size-only window).
+        switch: ``(num_warmup,)`` bool: after this draw the background estimator
+            becomes the foreground one.
+    """
+
+    adapts_metric: np.ndarray
+    switch: np.ndarray
+
+
+def schedule(num_warmup: int, options: dict) -> Schedule:
+    """nutpie's switching schedule for ``num_warmup`` draws (counting the initial point).
+
+    Args:
+        num_warmup: the number of warmup draws.
+        options: ``early_window``, ``step_size_window``, ``early_switch_freq``,
+            ``switch_freq``, ``window_growth``.
+
+    Returns:
+        The ``Schedule``.
+
+    Examples:
+        >>> s = schedule(100, OPTIONS)
+        >>> int(s.adapts_metric.sum()), int(s.switch.sum())
+        (85, 3)
+    """
+    n = int(num_warmup)
+    early_end = int(options["early_window"] * n)
+    final_start = n - int(options["step_size_window"] * n)
+    adapts = np.arange(n) < final_start
+    switch = np.zeros(n, bool)
+    window, background = int(options["switch_freq"]), 1  # the initial point counts
+    for draw in range(final_start):
+        early = draw < early_end
+        if draw == early_end:  # never shrink the window at the end of the early phase
+            window = max(window, background)
+        freq = int(options["early_switch_freq"]) if early else window
+        background += 1
+        following = freq if early else max(window + 1, round(window * options["window_growth"]))
+        if background >= freq and following + draw <= final_start:
+            switch[draw] = True
+            background = 0
+            window = window if early else following
+    return Schedule(adapts, switch)
+
+
+class Moments(NamedTuple):
+    """Weighted running means and squared deviations of draws and gradients."""
+
+    weight: jax.Array
+    mean_x: jax.Array
+    m2_x: jax.Array
+    mean_g: jax.Array
+    m2_g: jax.Array
+
+    @classmethod
+    def empty(cls, x: jax.Array) -> Moments:
+        zero = jnp.zeros_like(x)
+        return cls(jnp.zeros((), x.dtype), zero, zero, zero, zero)
+
+    def add(self, x: jax.Array, g: jax.Array, good: jax.Array) -> Moments:
+        """Welford's update with ``x``, ``g`` when ``good``."""
+        w = self.weight + good.astype(self.weight.dtype)
+        share = jnp.where(good, 1.0 / jnp.maximum(w, 1.0), 0.0).astype(x.dtype)
+        dx, dg = x - self.mean_x, g - self.mean_g
+        mean_x, mean_g = self.mean_x + share * dx, self.mean_g + share * dg
+        m2_x = self.m2_x + jnp.where(good, dx * (x - mean_x), 0.0)
+        m2_g = self.m2_g + jnp.where(good, dg * (g - mean_g), 0.0)
+        return Moments(w, mean_x, m2_x, mean_g, m2_g)
+
+
+class CoMoments(NamedTuple):
+    """``Moments`` with the co-moments ``Σ (x - x̄)(x - x̄)ᵀ`` of draws and gradients (for
+    the low-rank metric: ``d²`` numbers each, in place of a buffer of draws)."""
+
+    moments: Moments
+    c2_x: jax.Array
+    c2_g: jax.Array
+
+    @classmethod
+    def empty(cls, x: jax.Array) -> CoMoments:
+        zero = jnp.zeros((x.shape[0], x.shape[0]), x.dtype)
+        return cls(Moments.empty(x), zero, zero)
+
+    def add(self, x: jax.Array, g: jax.Array, good: jax.Array) -> CoMoments:
+        m = self.moments.add(x, g, good)
+        keep = good.astype(x.dtype)
+        c2_x = self.c2_x + keep * jnp.outer(x - self.moments.mean_x, x - m.mean_x)
+        c2_g = self.c2_g + keep * jnp.outer(g - self.moments.mean_g, g - m.mean_g)
+        return CoMoments(m, c2_x, c2_g)
+
+
+class FisherAdaptation(NamedTuple):
+    """One chain's Fisher-adaptation state (``WindowState.adaptation``).
+
+    Attributes:
+        step_size: the step size of the next step (before its jitter); after warmup the
+            adapted one.
+        inverse_mass_matrix: the current inverse mass matrix: ``(d,)``, or blackjax's
+            ``LowRankInverseMassMatrix`` for ``"fisher_low_rank"``.
+        dual_averaging: blackjax's dual-averaging state.
+        foreground, background: the two estimators (``Moments``; ``CoMoments`` for the
+            low rank).
+        basis: for the low rank, the last estimates of the leading eigenvectors of the
+            scaled draws' and gradients' covariances, ``(2, d, max_rank)``, where the next
+            estimate starts (``None`` for the diagonal).
+        changed: whether the mass matrix has changed from its start yet.
+    """
+
+    step_size: jax.Array
+    inverse_mass_matrix: Any
+    dual_averaging: Any
+    foreground: Any
+    background: Any
+    basis: Any
+    changed: jax.Array
+
+
+def _velocity_verlet_accept(logdensity_fn: Callable, imm: Any) -> Callable:
+    """``accept(state, step_size, key)``: the acceptance of one leapfrog step."""
+    from blackjax.mcmc import integrators, metrics
+
+    metric = metrics.default_metric(imm)
+    step = integrators.velocity_verlet(logdensity_fn, metric.kinetic_energy)
+
+    def accept(state, step_size, key):
+        momentum = metric.sample_momentum(key, state.position)
+        start = integrators.IntegratorState(
+            state.position, momentum, state.logdensity, state.logdensity_grad
+        )
+        end = step(start, step_size)
+        delta = (end.logdensity - metric.kinetic_energy(end.momentum)) - (
+            state.logdensity - metric.kinetic_energy(momentum)
+        )
+        return jnp.where(jnp.isnan(delta), 0.0, jnp.minimum(1.0, jnp.exp(delta)))
+
+    return accept
+
+
+def find_step_size(logdensity_fn: Callable, state: Any, imm: Any, step_size: jax.Array,
+                   target: float, key: jax.Array) -> jax.Array:  # fmt: skip
+    """nutpie's start: double (or halve) ``step_size`` until one leapfrog step's
+    acceptance falls below (rises above) ``target``; at most 100 tries."""
+    accept = _velocity_verlet_accept(logdensity_fn, imm)
+    up = accept(state, step_size, key) > target
+
+    def more(c):
+        i, _, done = c
+        return (i < 100) & ~done
+
+    def body(c):
+        i, eps, _ = c
+        nxt = jnp.where(up, eps * 2.0, eps / 2.0)
+        a = accept(state, nxt, key)
+        done = jnp.where(up, (a <= target) | (nxt > 1e5), (a >= target) | (nxt < 1e-10))
+        return i + 1, nxt, done
+
+    _, eps, done = jax.lax.while_loop(more, body, (0, step_size, jnp.bool_(False)))
+    return jnp.where(done & jnp.isfinite(eps), eps, step_size).astype(step_size.dtype)
+
+
+def gradient_start(g: jax.Array) -> jax.Array:
+    """nutpie's first inverse mass matrix, ``1/|∇log p(x₀)|`` (1 where it vanishes)."""
+    a = jnp.abs(g)
+    return jnp.where(a < 1e-10, 1.0, 1.0 / jnp.clip(a, 1e-20, 1e20)).astype(g.dtype)
+
+
+def _diag_metric(m: Moments, previous: jax.Array) -> jax.Array:
+    from blackjax.adaptation.metric_estimators import fisher_score_diagonal_from_moments
+
+    new = fisher_score_diagonal_from_moments(m.m2_x, m.m2_g).astype(previous.dtype)
+    ok = (m.weight >= 3) & jnp.all(jnp.isfinite(new) & (new > 0))
+    return jnp.where(ok, new, previous)
+
+
+def _leading(gram: jax.Array, start: jax.Array, iterations: int) -> jax.Array:
+    """The leading eigenvectors of ``gram``: subspace iteration from ``start``."""
+    for _ in range(iterations):
+        start, _ = jnp.linalg.qr(gram @ start)
+    return start
+
+
+def _spd_mean(a: jax.Array, b: jax.Array) -> jax.Array:
+    """The geometric mean ``a # b⁻¹`` of SPD matrices (``b^-½ (b^½ a b^½)^½ b^-½``)."""
+    vals, vecs = jnp.linalg.eigh(b)
+    vals = jnp.maximum(vals, 1e-12 * jnp.max(vals))
+    root = (vecs * jnp.sqrt(vals)) @ vecs.T
+    inv_root = (vecs / jnp.sqrt(vals)) @ vecs.T
+    mvals, mvecs = jnp.linalg.eigh(root @ a @ root)
+    mroot = (mvecs * jnp.sqrt(jnp.maximum(mvals, 0.0))) @ mvecs.T
+    return inv_root @ mroot @ inv_root
+
+
+def low_rank_metric(m: CoMoments, basis: jax.Array, options: dict,
+                    iterations: int = 2) -> tuple[Any, jax.Array]:  # fmt: skip
+    """The Fisher low-rank inverse mass matrix of ``m``, and the new ``basis``.
+
+    Algorithm 1 of Seyboldt, Carlson & Carpenter, as blackjax's ``fisher_score_low_rank``
+    and nutpie compute it: ``sigma = (Var[x] / Var[grad log p])^(1/4)``; the leading
+    ``max_rank`` directions of the scaled draws ``X = (x - mean)/sigma`` and gradients
+    ``A = (g - mean) sigma``; in their joint span ``Q``, ``S = C_x # inv(C_a)`` with
+    ``C = Q'(.'.)Q/gamma + I``; the eigenvalues of ``S`` outside ``[1/cutoff, cutoff]``
+    give the low-rank part (every direction, ``Q = I``, when ``basis`` is empty). Two
+    departures, for cost: the covariances ``XᵀX``, ``AᵀA`` come from the running
+    co-moments (the same numbers, ``d²`` each instead of a buffer of draws), and their
+    leading directions from ``iterations`` steps of subspace iteration started from the
+    last estimate (``basis``) instead of two SVDs: XLA's CPU SVD of a 470 x 100 buffer
+    costs 75 ms, which every warmup step would pay.
+    """
+    from blackjax.adaptation.metric_estimators import select_top_eigenvalues_by_informativeness
+    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
+
+    var_x, var_g = jnp.diagonal(m.c2_x), jnp.diagonal(m.c2_g)
+    sigma = jnp.clip(jnp.power(jnp.clip(var_x / jnp.maximum(var_g, 1e-10), 0.0), 0.25),
+                     1e-20, 1e20)  # fmt: skip
+    gram_x = m.c2_x / jnp.outer(sigma, sigma)
+    gram_a = m.c2_g * jnp.outer(sigma, sigma)
+    if basis.shape[-1] == 0:  # every direction: no subspace to find
+        q, new_basis = jnp.eye(sigma.shape[0], dtype=sigma.dtype), basis
+    else:
+        u_x = _leading(gram_x, basis[0], iterations)
+        u_a = _leading(gram_a, basis[1], iterations)
+        q, _ = jnp.linalg.qr(jnp.concatenate([u_x, u_a], axis=1))
+        new_basis = jnp.stack([u_x, u_a])
+    eye = jnp.eye(q.shape[1], dtype=q.dtype)
+    gamma = options["gamma"]
+    c_x = q.T @ gram_x @ q / gamma + eye
+    c_a = q.T @ gram_a @ q / gamma + eye
+    vals, vecs = jnp.linalg.eigh(_spd_mean(c_x, c_a))
+    vals = jnp.maximum(vals, 1e-10 * jnp.max(vals))
+    u, lam = select_top_eigenvalues_by_informativeness(
+        vals, q @ vecs, rank_of(options, sigma.shape[0], sigma.dtype), tail_handling="mask_pad",
+        cutoff=options["eigenvalue_cutoff"],
+    )  # fmt: skip
+    return LowRankInverseMassMatrix(sigma, u, lam), new_basis
+
+
+def _low_rank_update(m: CoMoments, basis: jax.Array, previous: Any,
+                     options: dict) -> tuple[Any, jax.Array]:  # fmt: skip
+    """``low_rank_metric`` where it is finite and ``m`` holds 3 draws, else ``previous``."""
+    new, new_basis = low_rank_metric(m, basis, options)
+    leaves = [*jax.tree.leaves(new), new_basis]
+    ok = (m.moments.weight >= 3) & jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in leaves]))
+    ok = ok & jnp.all(new.sigma > 0)
+    new = jax.tree.map(lambda a, p: jnp.where(ok, a.astype(p.dtype), p), new, previous)
+    return new, jnp.where(ok, new_basis.astype(basis.dtype), basis)
+
+
+def _init_fn(low_rank: bool, options: dict, logdensity_fn: Callable,
+             da_init: Callable) -> Callable:  # fmt: skip
+    """``init(state, key)``: nutpie's start of one chain's Fisher adaptation."""
+    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
+
+    target = float(options["target_acceptance_rate"])
+
+    def init(state, key):
+        x, _ = ravel_pytree(state.position)
+        g, _ = ravel_pytree(state.logdensity_grad)
+        imm = gradient_start(g)
+        rank = rank_of(options, x.shape[0], x.dtype)
+        if low_rank:
+            imm = LowRankInverseMassMatrix(
+                jnp.sqrt(imm), jnp.zeros((x.shape[0], rank), x.dtype), jnp.ones(rank, x.dtype)
+            )
+        eps = find_step_size(
+            logdensity_fn, state, imm, jnp.asarray(options["initial_step_size"], x.dtype),
+            target, key,
+        )  # fmt: skip
+        one = jnp.ones((), bool)
+        if low_rank:
+            fg = bg = CoMoments.empty(x).add(x, g, one)
+            # The same start for every chain: a fixed orthonormal basis (none when the
+            # metric keeps every direction).
+            width = 0 if 2 * rank >= x.shape[0] else rank
+            start = jax.random.normal(jax.random.key(0), (x.shape[0], width), x.dtype)
+            basis = jnp.stack([jnp.linalg.qr(start)[0]] * 2)
+        else:
+            fg = bg = Moments.empty(x).add(x, g, one)
+            basis = None
+        a = FisherAdaptation(eps, imm, da_init(eps), fg, bg, basis, jnp.bool_(False))
+        return jax.tree.map(strong, a)
+
+    return init
+
+
+def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict,
+                    logdensity_fn: Callable) -> tuple[Callable, Callable]:  # fmt: skip
+    """``(init(state, key), adapt(a, t, old, new, info))`` of the Fisher adaptation."""
+    from blackjax.adaptation.step_size import dual_averaging_adaptation
+
+    target = float(options["target_acceptance_rate"])
+    da_init, da_update, da_final = dual_averaging_adaptation(target)
+    plan = schedule(num_warmup, options)
+
+    init = _init_fn(low_rank, options, logdensity_fn, da_init)
+    every = int(options["update_freq"])
+
+    def update_low_rank(operand):
+        return _low_rank_update(*operand, options)
+
+    def metric_step(operand):
+        """Feed draw ``u``, switch where the schedule says, update the mass matrix."""
+        a, u, x, g, good = operand
+        switch = jnp.asarray(plan.switch)[u - 1]
+        fg, bg = a.foreground.add(x, g, good), a.background.add(x, g, good)
+        fg = jax.tree.map(lambda b, f: jnp.where(switch, b, f), bg, fg)
+        bg = jax.tree.map(lambda b, e: jnp.where(switch, e, b), bg, type(bg).empty(x))
+        due = switch | (u % every == 0)
+        if low_rank:
+            imm, basis = lazy_cond(due, update_low_rank, lambda o: (o[2], o[1]),
+                                   (fg, a.basis, a.inverse_mass_matrix))  # fmt: skip
+            return a._replace(foreground=fg, background=bg, basis=basis, inverse_mass_matrix=imm)
+        imm = jnp.where(due, _diag_metric(fg, a.inverse_mass_matrix), a.inverse_mass_matrix)
+        return a._replace(foreground=fg, background=bg, inverse_mass_matrix=imm)
+
+    def warmup_step(operand):
+        a, t, x, x_old, g, acceptance_rate = operand
+        i = jnp.clip(t, 0, num_warmup - 1)
+        good = jnp.any(x != x_old) & jnp.all(jnp.isfinite(g))
+        da = da_update(a.dual_averaging, acceptance_rate)
+        adapts = jnp.asarray(plan.adapts_metric)[i]
+        # The estimators' work only on the steps that adapt the mass matrix.
+        fed = lazy_cond(adapts, metric_step, lambda o: o[0], (a, i + 1, x, g, good))
+        first = ~a.changed & _changes(fed.inverse_mass_matrix, a.inverse_mass_matrix)
+        # When the mass matrix first changes, dual averaging restarts from the step size.
+        da = jax.tree.map(lambda r, d: jnp.where(first, r, d), da_init(a.step_size), da)
+        eps = jnp.where(t == num_warmup - 1, da_final(da), jnp.exp(da.log_step_size))
+        new_a = fed._replace(step_size=eps, dual_averaging=da, changed=a.changed | first)
+        return jax.tree.map(lambda n, o: n.astype(o.dtype), new_a, a)
+
+    def adapt(a, t, old, new, info):
+        """The update after warmup draw ``t`` (the initial point is draw 0 of the
+        estimators, so draw ``t`` is their ``t + 1``); none at all after warmup."""
+        x, _ = ravel_pytree(new.position)
+        g, _ = ravel_pytree(new.logdensity_grad)
+        x_old, _ = ravel_pytree(old.position)
+        operand = (a, t, x, x_old, g, info.acceptance_rate)
+        return lazy_cond(t < num_warmup, warmup_step, lambda o: o[0], operand)
+
+    return init, adapt
+
+
+def _changes(imm: Any, previous: Any) -> jax.Array:
+    return jnp.any(
+        jnp.array(
+            [
+                jnp.any(n != o)
+                for n, o in zip(jax.tree.leaves(imm), jax.tree.leaves(previous), strict=True)
+            ]
+        )
+    )
+
+
+def fisher_kernel(algorithm: Callable, logdensity_fn: Callable, num_warmup: int,
+                  options: dict, low_rank: bool) -> Kernel:  # fmt: skip
+    """The ``Kernel`` that Fisher-adapts during its first ``num_warmup`` steps."""
+    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
+
+    own = {**OPTIONS, **(LOW_RANK_OPTIONS if low_rank else {})}
+    extra = {k: v for k, v in options.items() if k not in own}
+    init_adaptation, adapt = fisher_adapt_fn(num_warmup, low_rank, options, logdensity_fn)
+
+    def init(state, rng_key):
+        if not hasattr(state, "logdensity_grad"):
+            raise TypeError(
+                f"from_blackjax: adaptation={'fisher_low_rank' if low_rank else 'fisher'!r} "
+                "needs the gradient of the log density in the kernel's state "
+                f"(state.logdensity_grad); {type(state).__name__} has none."
+            )
+        return init_adaptation(state, rng_key)
+
+    def initial(dim, dtype):
+        step_size = jnp.asarray(options["initial_step_size"], dtype)
+        if low_rank:
+            rank = rank_of(options, dim, dtype)
+            return step_size, LowRankInverseMassMatrix(
+                jnp.ones(dim, dtype), jnp.zeros((dim, rank), dtype), jnp.ones(rank, dtype)
+            )
+        return step_size, jnp.ones(dim, dtype)
+
+    spec = InLoop(init, adapt, initial, float(options["step_size_jitter"]))
+    return adaptive_kernel(algorithm, logdensity_fn, num_warmup, extra, spec)

@@ -1,0 +1,69 @@
+"""``lazy_cond``: a ``lax.cond`` that still skips its costly branch under ``vmap``.
+
+Under ``vmap`` a ``lax.cond`` whose predicate differs per batch member becomes a
+``select``: both branches run for every member, every time. A kernel's step is vmapped
+over the chains of a device, and its step number is per chain, so a costly update that
+only some steps need (the low-rank mass matrix, during warmup only) would run on every
+step of sampling too. ``lazy_cond`` batches differently: it runs the costly branch, for
+the whole batch, only when at least one member needs it, and selects per member after.
+The chains of one run are in step, so that is exactly the steps that need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+
+
+def _broadcast(x: Any, batched: bool, size: int) -> Any:
+    return x if batched else jnp.broadcast_to(x, (size, *jnp.shape(x)))
+
+
+def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any) -> Any:
+    """``costly(operand)`` where ``pred``, else ``cheap(operand)``; under ``vmap`` the
+    costly branch runs only when ``pred`` holds for some member of the batch.
+
+    Args:
+        pred: a scalar bool (batched under ``vmap``).
+        costly, cheap: functions of ``operand`` with the same output structure; they
+            must not close over traced values (pass those in ``operand``).
+        operand: a pytree of arrays.
+
+    Returns:
+        The chosen branch's output.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> f = lambda p, x: lazy_cond(p, lambda x: x * 2.0, lambda x: x, x)
+        >>> jax.vmap(f)(jnp.array([True, False]), jnp.array([1.0, 1.0]))
+        Array([2., 1.], dtype=float32)
+    """
+
+    @custom_vmap
+    def chosen(pred, operand):
+        return jax.lax.cond(pred, costly, cheap, operand)
+
+    @chosen.def_vmap
+    def rule(axis_size, in_batched, pred, operand):
+        pred_batched, operand_batched = in_batched
+        operand = jax.tree.map(lambda x, b: _broadcast(x, b, axis_size), operand, operand_batched)
+        hot, cold = jax.vmap(costly), jax.vmap(cheap)
+        if not pred_batched:
+            out = jax.lax.cond(pred, hot, cold, operand)
+        else:
+
+            def mixed(operand):
+                a, b = hot(operand), cold(operand)
+                return jax.tree.map(
+                    lambda x, y: jnp.where(pred.reshape((-1,) + (1,) * (x.ndim - 1)), x, y),
+                    a, b,
+                )  # fmt: skip
+
+            out = jax.lax.cond(jnp.any(pred), mixed, cold, operand)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return chosen(pred, operand)
