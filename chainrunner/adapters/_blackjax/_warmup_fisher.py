@@ -192,7 +192,8 @@ class FisherAdaptation(NamedTuple):
             low rank).
         basis: for the low rank, the last estimates of the leading eigenvectors of the
             scaled draws' and gradients' covariances, ``(2, d, max_rank)``, where the next
-            estimate starts (``None`` for the diagonal).
+            estimate starts (``(2, d, 0)`` when every direction is kept; ``None`` for the
+            diagonal).
         changed: whether the mass matrix has changed from its start yet.
     """
 
