@@ -5,8 +5,9 @@ hierarchical model with 85 groups, a 100-d Gaussian with a dense covariance, a l
 regression with 12 correlated predictors), 4 chains x (1000 warmup + 1000 draws), sampled
 by
 
-- ``cr.sample(cr.from_pymc(model, adaptation=a), ...)`` for ``a`` in ``window`` (Stan's),
-  ``fisher`` and ``fisher_low_rank`` (nutpie's, in chainrunner's loop), and the default;
+- ``cr.sample(cr.from_pymc(model, adaptation=a), ...)`` for ``a`` in ``window`` (Stan's)
+  and ``fisher`` (nutpie's diagonal, in chainrunner's loop), the default
+  (``fisher_low_rank``), and the default pooled over the chains (``pooled=True``);
 - ``nutpie.sample(nutpie.compile_pymc_model(model))`` with its diagonal and its low-rank
   (``low_rank_modified_mass_matrix=True``) mass matrix, if nutpie is installed;
 - ``blackjax``'s own vmapped ``window_adaptation`` + NUTS on the same log density, and
@@ -89,7 +90,7 @@ def make_model(name: str):
 
 
 MODELS = ("eight_schools", "radon_like", "dense_gaussian", "logistic")
-METHODS = ("cr default", "cr window", "cr fisher", "cr fisher_low_rank", "nutpie diag",
+METHODS = ("cr default", "cr window", "cr fisher", "cr pooled", "nutpie diag",
            "nutpie low rank", "blackjax window", "numpyro")  # fmt: skip
 
 
@@ -132,6 +133,8 @@ class Runner:
         import chainrunner as cr
 
         kwargs = {} if adaptation is None else {"adaptation": adaptation}
+        if adaptation == "pooled":
+            kwargs = {"pooled": True}
         idata = cr.sample(cr.from_pymc(self.model, **kwargs), jax.random.key(seed), None, DRAWS,
                           num_warmup=TUNE, num_chains=CHAINS, keep_warmup=True, progress=False,
                           warn=False)  # fmt: skip

@@ -88,3 +88,15 @@ def test_batch_size_grid_times_the_candidates_cold_again():
     assert cold == {"default": 4.0, "b=1": 3.0, "b=8": 5.0, "b=all": 7.0, "floor[vmap]": 3.0}
     assert calls_s["b=1"] == [4.0, 3.0, 3.0] and calls_s["b=all"] == [7.0]
     assert b.cold_times(first, 1, call)[0] == first and len(calls) == 6
+
+
+def test_pooled_bench_counts_draws_until_converged():
+    import bench_pooled
+
+    rng = np.random.default_rng(0)
+    mixed = rng.standard_normal((64, 300, 2))
+    assert bench_pooled.draws_needed(mixed) == bench_pooled.PREFIXES[0]
+    stuck = mixed + np.arange(64)[:, None, None] * 0.5  # chains that never meet
+    assert bench_pooled.draws_needed(stuck) is None
+    slow = np.cumsum(rng.standard_normal((64, 300, 1)), axis=1)  # a random walk
+    assert bench_pooled.draws_needed(slow) is None

@@ -108,7 +108,7 @@ def test_low_rank_estimate_is_blackjax_algorithm_1(rank):
     width = 0 if rank is None else rank
     start = jnp.stack([jnp.linalg.qr(jax.random.normal(jax.random.key(0), (d, width)))[0]] * 2)
     options = {**wf.LOW_RANK_OPTIONS, "max_rank": d if rank is None else rank}
-    assert wf.LOW_RANK_OPTIONS["max_rank"] == 10
+    assert wf.LOW_RANK_OPTIONS["max_rank"] is None  # nutpie's: every direction
     ours, _ = wf.low_rank_metric(m, start, options, iterations=50)
     ref = fisher_score_low_rank(jnp.asarray(x), jnp.asarray(g), options["max_rank"])
 
@@ -123,6 +123,7 @@ def test_low_rank_estimate_is_blackjax_algorithm_1(rank):
 def test_rank_of():
     assert wf.rank_of({"max_rank": None}, 100, jnp.float32) == wf.FLOAT32_RANK
     assert wf.rank_of({"max_rank": None}, 100, np.float64) == 100
+    assert wf.rank_of({"max_rank": None}, 300, np.float64) == wf.FULL_RANK_LIMIT == 100
     assert wf.rank_of({"max_rank": 30}, 12, jnp.float32) == 12
 
 

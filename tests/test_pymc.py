@@ -266,12 +266,13 @@ def conjugate():
         {"adaptation": "chees"},
         {"adaptation": "meads"},
         {"adaptation": None, "algorithm": blackjax.mala, "step_size": 0.3},
+        {"pooled": True},
     ],
-    ids=["chees", "meads", "mala"],
+    ids=["chees", "meads", "mala", "pooled"],
 )
 def test_other_blackjax_algorithms_and_adaptations(options):
     model, exact = conjugate()
-    draws = 2000 if options["adaptation"] is None else 400
+    draws = 2000 if options.get("adaptation", "") is None else 400
     trace = cr.run(cr.from_pymc(model, **options), jax.random.key(0), None, draws,
                    num_warmup=400, num_chains=8, progress=False, warn=False,
                    keep_warmup=True)  # fmt: skip

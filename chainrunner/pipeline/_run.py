@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from ..adapters import as_adapter
 from ..core._kernel import Adapter, Kernel, WarmupRequest
 from ..layout import _distributed, _mesh
+from ..layout._blas import blas_threads
 from ..output import _checkpoint
 from ..output._diagnostics import (
     ChainrunnerWarning,
@@ -232,15 +233,18 @@ def run(
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
-    with _kernel_errors(start):
-        if not start.cross_chain:  # (a cross-chain kernel's step needs the adapted params)
-            check_keep_names(start.kernel, plan.keep, start.position, start.state, start.num_chains)
-        init, ahead = _initialise(ctx)
-        warm = _warm_up(ctx, init.state)
-        sched = _schedule(ctx, warm)
-        chunks, compile_time = _compile(ctx, sched, warm, ahead)
-    warm, sched = _burn_in(ctx, sched, warm, chunks)
-    sampled = _sample(ctx, sched, warm, chunks)
+    with blas_threads(ctx.placed.mesh):  # on CPU: see layout/_blas.py
+        with _kernel_errors(start):
+            if not start.cross_chain:  # (a cross-chain kernel's step needs adapted params)
+                check_keep_names(
+                    start.kernel, plan.keep, start.position, start.state, start.num_chains
+                )
+            init, ahead = _initialise(ctx)
+            warm = _warm_up(ctx, init.state)
+            sched = _schedule(ctx, warm)
+            chunks, compile_time = _compile(ctx, sched, warm, ahead)
+        warm, sched = _burn_in(ctx, sched, warm, chunks)
+        sampled = _sample(ctx, sched, warm, chunks)
     trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
     _report(ctx, sched, trace, sampled)
     return trace

@@ -22,6 +22,7 @@ from ...layout import _distributed
 from . import _adaptations, _warmup_fisher, _warmup_tuned
 from ._adaptations import ADAPTATIONS
 from ._warmup_cross_chain import CrossChainAdaptation
+from ._warmup_pooled import PooledFisherAdaptation
 from ._warmup_tuned import Tuned, TunedAdaptation
 from ._warmup_window import WindowAdaptation, WindowState
 
@@ -85,12 +86,14 @@ def from_blackjax(
       ``step_size_window=0.15``, ``early_switch_freq=10``, ``switch_freq=80``,
       ``window_growth=1.5``, ``step_size_jitter=0.1``, ``update_freq=1`` (draws between
       mass-matrix updates, besides every switch; 10 for the low rank, whose update costs
-      more); for the low rank ``max_rank=10``
-      (``None``: nutpie's, every direction outside the cutoff, in float64; equal to
-      nutpie per gradient on a dense 100-d Gaussian, but slow on CPU),
+      more); for the low rank ``max_rank=None`` (nutpie's: every direction outside the
+      cutoff, up to 100, in float64; 10 in float32; an integer caps it),
       ``gamma=1e-5``, ``eigenvalue_cutoff=2.0``; other options go to the factory. The
       factory's state must carry ``logdensity_grad`` (blackjax's HMC family does).
-      ``cr.from_pymc``'s default is ``"fisher_low_rank"``.
+      ``cr.from_pymc``'s default is ``"fisher_low_rank"``. With ``pooled=True``
+      (``_warmup_pooled``) the same schedule adapts one step size and mass matrix from
+      the draws of **all** chains, before sampling, spread over the devices like ChEES
+      (no progress bar or Ctrl-C during it); every chain then samples with them.
     - Per chain, before sampling, blackjax's own ``run`` for every chain in one program
       over the mesh (batched like sampling), each chain with its own parameters (a
       leading chain axis in ``cr.adapted_parameters``): ``"window_low_rank"``
@@ -232,7 +235,8 @@ def from_blackjax_adaptive(
         **options: the adaptation's options (see ``from_blackjax``).
 
     Returns:
-        A ``WindowAdaptation``, ``CrossChainAdaptation`` or ``TunedAdaptation``; the same
+        A ``WindowAdaptation``, ``CrossChainAdaptation``, ``PooledFisherAdaptation`` or
+        ``TunedAdaptation``; the same
         object for the same arguments, so repeated runs reuse the compiled programs.
 
     Raises:
@@ -349,6 +353,8 @@ def _fisher_options(name: str, algorithm: Any, options: dict, where: str) -> dic
             raise ValueError(f"{where}: {key} must be a positive integer, got {opts[key]!r}.")
     if float(opts["window_growth"]) < 1.0:
         raise ValueError(f"{where}: window_growth must be >= 1, got {opts['window_growth']!r}.")
+    if not isinstance(opts["pooled"], (bool, np.bool_)):
+        raise TypeError(f"{where}: pooled must be True or False, got {opts['pooled']!r}.")
     if not 0.0 <= float(opts["step_size_jitter"]) < 1.0:
         raise ValueError(
             f"{where}: step_size_jitter must be in [0, 1), got {opts['step_size_jitter']!r}."
@@ -360,6 +366,8 @@ def _build(name: str, algorithm: Any, logdensity_fn: Callable, adaptation: Any,
            opts: dict) -> Adapter:  # fmt: skip
     if name == "window":
         return WindowAdaptation(algorithm, logdensity_fn, opts)
+    if name in _adaptations.IN_LOOP and opts["pooled"]:
+        return PooledFisherAdaptation(algorithm, name, logdensity_fn, opts)
     if name in _adaptations.IN_LOOP:
         low_rank = name == "fisher_low_rank"
 
@@ -427,8 +435,10 @@ def adapted_parameters(trace: Any) -> dict[str, Any]:
     ``"staged"``, ``"pathfinder"``, ``"mclmc"``, ``"adjusted_mclmc"``, a built
     ``AdaptationAlgorithm``) the parameters blackjax's adaptation returned (a low-rank
     inverse mass matrix stays blackjax's ``LowRankInverseMassMatrix`` of arrays; MCLMC
-    adds ``L``). For ``"chees"``/``"meads"`` they are shared by all chains and read from
-    ``trace.attrs`` (``adapted_*`` entries).
+    adds ``L``). With ``pooled=True`` (``"fisher"``, ``"fisher_low_rank"``) they are
+    shared by all chains, no chain axis, read from ``trace.kernel_params``. For
+    ``"chees"``/``"meads"`` they are shared too and read from ``trace.attrs``
+    (``adapted_*`` entries).
 
     Args:
         trace: a ``cr.Trace``.
@@ -455,6 +465,8 @@ def adapted_parameters(trace: Any) -> dict[str, Any]:
         }
     if isinstance(state, Tuned) and state.parameters:
         return jax.tree.map(np.asarray, dict(_distributed.to_host(state.parameters)))
+    if trace.attrs.get("adaptation_pooled") and trace.kernel_params is not None:
+        return jax.tree.map(np.asarray, dict(trace.kernel_params))
     found = {
         k[len("adapted_") :]: np.asarray(v)
         for k, v in trace.attrs.items()

@@ -41,7 +41,7 @@ from ...core._kernel import (
 )
 from ...core._lru import LRU
 from ...layout import _distributed, _mesh
-from ._warmup_sharded import METHODS, Shape, chees_jitter
+from ._warmup_sharded import METHODS, Shape, chees_jitter, run_program
 from ._warmup_sharded import program as sharded_program
 
 # Chain-independent salt for the keys of the cross-chain warmup: those keys come from
@@ -271,14 +271,7 @@ class CrossChainAdaptation(Adapter):
             return sharded_program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
 
         program = self._programs.get(shape, build)
-        key, state = _mesh.replicate(r.rng_key, r.mesh), _mesh.replicate(r.state, r.mesh)
-        new_state, params, draws, stats = program(key, state)
-        # The parameters come back once per device, all equal: keep the first copy.
-        params = jax.tree.map(lambda x: x[0], _distributed.to_host(params))
-        if draws is not None:
-            n = r.num_chains
-            draws, stats = jax.tree.map(lambda x: x[:n], _distributed.to_host((draws, stats)))
-        return new_state, params, draws, stats
+        return run_program(program, r.rng_key, r.state, r.num_chains, r.mesh)
 
 
 def _adapted_attrs(adaptation: str, params: dict) -> dict[str, Any]:

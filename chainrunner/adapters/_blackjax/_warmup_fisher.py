@@ -51,27 +51,31 @@ OPTIONS = {
     "window_growth": 1.5,
     "step_size_jitter": 0.1,
     "update_freq": 1,
+    "pooled": False,
 }
-"""The options of both Fisher adaptations and their defaults (nutpie's)."""
-LOW_RANK_OPTIONS = {"max_rank": 10, "gamma": 1e-5, "eigenvalue_cutoff": 2.0, "update_freq": 10}
+"""The options of both Fisher adaptations and their defaults (nutpie's; ``pooled``, one
+estimate from every chain's draws before sampling, is chainrunner's: ``_warmup_pooled``)."""
+LOW_RANK_OPTIONS = {"max_rank": None, "gamma": 1e-5, "eigenvalue_cutoff": 2.0, "update_freq": 10}
 """The further options of ``"fisher_low_rank"`` and their defaults.
 
-``gamma`` and ``eigenvalue_cutoff`` are nutpie's. ``max_rank=10`` is blackjax's: nutpie
-keeps every direction outside the cutoff (``max_rank=None`` here, see ``rank_of``), which
-matched nutpie's ESS per gradient on the dense 100-d Gaussian (186 per 1000 gradients
-against 168, float64) but costs three ``d x d`` eigendecompositions per update, and XLA's
-on CPU are slow (10 ms at d = 89 in float64): a radon-like 89-d model took 18.6 s where 10
-directions took 0.97 s. ``update_freq``: nutpie updates after every draw; here every 10th
-and at every switch (dense 100-d Gaussian: 176 effective draws per 1000 gradients at 10,
-182 at 1, in a quarter of the time)."""
+``gamma`` and ``eigenvalue_cutoff`` are nutpie's. ``max_rank=None`` is nutpie's too: every
+direction outside the cutoff, here up to ``FULL_RANK_LIMIT`` of them, in float64 (see
+``rank_of``). Measured, 4 chains x (1000 + 1000), ESS per 1000 gradients, mean of two
+seeds: the dense 100-d Gaussian 186 with every direction, 14 with 10 (nutpie: 168); a
+radon-like 89-d model 126 against 106 (nutpie: 133). ``update_freq``: nutpie updates
+after every draw; here every 10th and at every switch (dense 100-d Gaussian: 176
+effective draws per 1000 gradients at 10, 182 at 1, in a quarter of the time)."""
 FLOAT32_RANK = 10
+FULL_RANK_LIMIT = 100
 
 
 def rank_of(options: dict, dim: int, dtype: Any) -> int:
     """The number of directions the low-rank metric keeps, a constant of the program.
 
-    ``max_rank=None`` is nutpie's: every direction outside the cutoff (``dim``), in
-    float64. In float32 it is ``FLOAT32_RANK`` (the default): the regularised
+    ``max_rank=None`` (the default) is nutpie's: every direction outside the cutoff, in
+    float64 up to ``FULL_RANK_LIMIT`` (the metric's cost per leapfrog step and its
+    updates grow with ``dim x rank``, its eigendecompositions with ``rank³``). In
+    float32 it is ``FLOAT32_RANK``: the regularised
     covariances span ``1`` to ``n Var/gamma`` (``1e8`` and more), which float32's
     eigendecompositions cannot resolve at their small end; measured on the dense 100-d
     Gaussian, 50 or 100 directions in float32 left the chains stuck (ESS per 1000
@@ -79,7 +83,7 @@ def rank_of(options: dict, dim: int, dtype: Any) -> int:
     """
     rank = options.get("max_rank")
     if rank is None:
-        rank = dim if jnp.dtype(dtype) == jnp.float64 else FLOAT32_RANK
+        rank = FULL_RANK_LIMIT if jnp.dtype(dtype) == jnp.float64 else FLOAT32_RANK
     return min(int(rank), int(dim))
 
 
@@ -133,8 +137,24 @@ def schedule(num_warmup: int, options: dict) -> Schedule:
     return Schedule(adapts, switch)
 
 
+def _one_by_one(estimator: Any, x: jax.Array, g: jax.Array, good: jax.Array) -> Any:
+    """``estimator`` fed the rows of ``x``, ``g`` one at a time, in row order.
+
+    The pooled adaptation feeds every chain's draw of a step. A batched (Chan et al.)
+    update is a sum over the rows, and XLA fuses such sums with what produced the rows:
+    measured, the same rows sliced from a gather of 6 or of 8 (1 or 2 devices) summed to
+    different bits. One row at a time is the same sum in the same order in every program.
+    """
+    return jax.lax.fori_loop(0, x.shape[0], lambda i, e: e.add(x[i], g[i], good[i]), estimator)
+
+
 class Moments(NamedTuple):
-    """Weighted running means and squared deviations of draws and gradients."""
+    """Weighted running means and squared deviations of draws and gradients.
+
+    ``add`` takes one draw (``x``, ``g``: ``(d,)``, ``good``: a scalar), or a batch of
+    draws (``(n, d)``, ``good``: ``(n,)``: every chain's draw of a step, for the pooled
+    adaptation), added one at a time in row order.
+    """
 
     weight: jax.Array
     mean_x: jax.Array
@@ -144,11 +164,14 @@ class Moments(NamedTuple):
 
     @classmethod
     def empty(cls, x: jax.Array) -> Moments:
-        zero = jnp.zeros_like(x)
+        """No draws yet; ``x``'s last axis is the dimension."""
+        zero = jnp.zeros(x.shape[-1:], x.dtype)
         return cls(jnp.zeros((), x.dtype), zero, zero, zero, zero)
 
     def add(self, x: jax.Array, g: jax.Array, good: jax.Array) -> Moments:
-        """Welford's update with ``x``, ``g`` when ``good``."""
+        """Welford's update with ``x``, ``g`` where ``good`` (one draw or a batch)."""
+        if jnp.ndim(good) == 1:
+            return _one_by_one(self, x, g, good)
         w = self.weight + good.astype(self.weight.dtype)
         share = jnp.where(good, 1.0 / jnp.maximum(w, 1.0), 0.0).astype(x.dtype)
         dx, dg = x - self.mean_x, g - self.mean_g
@@ -168,10 +191,14 @@ class CoMoments(NamedTuple):
 
     @classmethod
     def empty(cls, x: jax.Array) -> CoMoments:
-        zero = jnp.zeros((x.shape[0], x.shape[0]), x.dtype)
+        """No draws yet; ``x``'s last axis is the dimension."""
+        zero = jnp.zeros((x.shape[-1], x.shape[-1]), x.dtype)
         return cls(Moments.empty(x), zero, zero)
 
     def add(self, x: jax.Array, g: jax.Array, good: jax.Array) -> CoMoments:
+        """``Moments.add``, and the co-moments (one draw or a batch)."""
+        if jnp.ndim(good) == 1:
+            return _one_by_one(self, x, g, good)
         m = self.moments.add(x, g, good)
         keep = good.astype(x.dtype)
         c2_x = self.c2_x + keep * jnp.outer(x - self.moments.mean_x, x - m.mean_x)
@@ -275,7 +302,9 @@ def _spd_mean(a: jax.Array, b: jax.Array) -> jax.Array:
     vals, vecs = jnp.linalg.eigh(b)
     vals = jnp.maximum(vals, 1e-12 * jnp.max(vals))
     root = (vecs * jnp.sqrt(vals)) @ vecs.T
-    inv_root = (vecs / jnp.sqrt(vals)) @ vecs.T
+    # rsqrt, not a division by sqrt: XLA rewrote the division into rsqrt in some programs
+    # and not in others, and the two round differently (1 device against 2, pooled).
+    inv_root = (vecs * jax.lax.rsqrt(vals)) @ vecs.T
     mvals, mvecs = jnp.linalg.eigh(root @ a @ root)
     mroot = (mvecs * jnp.sqrt(jnp.maximum(mvals, 0.0))) @ mvecs.T
     return inv_root @ mroot @ inv_root
@@ -336,47 +365,72 @@ def _low_rank_update(m: CoMoments, basis: jax.Array, previous: Any,
     return new, jnp.where(ok, new_basis.astype(basis.dtype), basis)
 
 
+def first_metric(abs_grad: jax.Array, low_rank: bool, options: dict) -> Any:
+    """nutpie's first inverse mass matrix from ``|∇log p(x₀)|`` (``gradient_start``), as
+    a ``LowRankInverseMassMatrix`` with no directions yet for the low rank."""
+    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
+
+    imm = gradient_start(abs_grad)
+    if not low_rank:
+        return imm
+    d, dtype = imm.shape[0], imm.dtype
+    rank = rank_of(options, d, dtype)
+    return LowRankInverseMassMatrix(
+        jnp.sqrt(imm), jnp.zeros((d, rank), dtype), jnp.ones(rank, dtype)
+    )
+
+
+def start(x: jax.Array, g: jax.Array, good: jax.Array, imm: Any, step_size: jax.Array,
+          low_rank: bool, options: dict, da_init: Callable) -> FisherAdaptation:  # fmt: skip
+    """The adaptation state at ``imm`` and ``step_size``, its estimators holding the
+    initial draw ``x``, ``g`` (one chain's, or every chain's with ``good`` per row)."""
+    if low_rank:
+        fg = bg = CoMoments.empty(x).add(x, g, good)
+        # The same start for every chain: a fixed orthonormal basis (none when the
+        # metric keeps every direction).
+        d, rank = x.shape[-1], imm.U.shape[1]
+        width = 0 if 2 * rank >= d else rank
+        basis = jax.random.normal(jax.random.key(0), (d, width), x.dtype)
+        basis = jnp.stack([jnp.linalg.qr(basis)[0]] * 2)
+    else:
+        fg = bg = Moments.empty(x).add(x, g, good)
+        basis = None
+    a = FisherAdaptation(step_size, imm, da_init(step_size), fg, bg, basis, jnp.bool_(False))
+    return jax.tree.map(strong, a)
+
+
 def _init_fn(low_rank: bool, options: dict, logdensity_fn: Callable,
              da_init: Callable) -> Callable:  # fmt: skip
     """``init(state, key)``: nutpie's start of one chain's Fisher adaptation."""
-    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
-
     target = float(options["target_acceptance_rate"])
 
     def init(state, key):
         x, _ = ravel_pytree(state.position)
         g, _ = ravel_pytree(state.logdensity_grad)
-        imm = gradient_start(g)
-        rank = rank_of(options, x.shape[0], x.dtype)
-        if low_rank:
-            imm = LowRankInverseMassMatrix(
-                jnp.sqrt(imm), jnp.zeros((x.shape[0], rank), x.dtype), jnp.ones(rank, x.dtype)
-            )
+        imm = first_metric(jnp.abs(g), low_rank, options)
         eps = find_step_size(
             logdensity_fn, state, imm, jnp.asarray(options["initial_step_size"], x.dtype),
             target, key,
         )  # fmt: skip
-        one = jnp.ones((), bool)
-        if low_rank:
-            fg = bg = CoMoments.empty(x).add(x, g, one)
-            # The same start for every chain: a fixed orthonormal basis (none when the
-            # metric keeps every direction).
-            width = 0 if 2 * rank >= x.shape[0] else rank
-            start = jax.random.normal(jax.random.key(0), (x.shape[0], width), x.dtype)
-            basis = jnp.stack([jnp.linalg.qr(start)[0]] * 2)
-        else:
-            fg = bg = Moments.empty(x).add(x, g, one)
-            basis = None
-        a = FisherAdaptation(eps, imm, da_init(eps), fg, bg, basis, jnp.bool_(False))
-        return jax.tree.map(strong, a)
+        return start(x, g, jnp.ones((), bool), imm, eps, low_rank, options, da_init)
 
     return init
 
 
-def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict,
-                    logdensity_fn: Callable) -> tuple[Callable, Callable]:  # fmt: skip
-    """``(init(state, key), adapt(a, t, old, new, info))`` of the Fisher adaptation."""
+def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict, logdensity_fn: Callable,
+                    pooled: bool = False) -> tuple[Callable, Callable]:  # fmt: skip
+    """``(init(state, key), adapt(a, t, old, new, info))`` of the Fisher adaptation.
+
+    ``pooled``: ``adapt`` takes every chain's states at once (a leading chain axis) and
+    feeds all their draws to one estimate; ``info.acceptance_rate`` is then the one that
+    dual averaging follows, the mean over the chains (``_warmup_pooled``).
+    """
     from blackjax.adaptation.step_size import dual_averaging_adaptation
+
+    def flat(tree):
+        if pooled:
+            return jax.vmap(lambda t: ravel_pytree(t)[0])(tree)
+        return ravel_pytree(tree)[0]
 
     target = float(options["target_acceptance_rate"])
     da_init, da_update, da_final = dual_averaging_adaptation(target)
@@ -406,7 +460,7 @@ def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict,
     def warmup_step(operand):
         a, t, x, x_old, g, acceptance_rate = operand
         i = jnp.clip(t, 0, num_warmup - 1)
-        good = jnp.any(x != x_old) & jnp.all(jnp.isfinite(g))
+        good = jnp.any(x != x_old, axis=-1) & jnp.all(jnp.isfinite(g), axis=-1)
         da = da_update(a.dual_averaging, acceptance_rate)
         adapts = jnp.asarray(plan.adapts_metric)[i]
         # The estimators' work only on the steps that adapt the mass matrix.
@@ -421,9 +475,7 @@ def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict,
     def adapt(a, t, old, new, info):
         """The update after warmup draw ``t`` (the initial point is draw 0 of the
         estimators, so draw ``t`` is their ``t + 1``); none at all after warmup."""
-        x, _ = ravel_pytree(new.position)
-        g, _ = ravel_pytree(new.logdensity_grad)
-        x_old, _ = ravel_pytree(old.position)
+        x, g, x_old = flat(new.position), flat(new.logdensity_grad), flat(old.position)
         operand = (a, t, x, x_old, g, info.acceptance_rate)
         return lazy_cond(t < num_warmup, warmup_step, lambda o: o[0], operand)
 

@@ -32,7 +32,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ...core._naming import warmup_stats
-from ...layout import _collective, _mesh
+from ...layout import _collective, _distributed, _mesh
 
 Rows = Callable[[Callable, Any], Any]
 
@@ -45,6 +45,7 @@ class Record(NamedTuple):
     acceptance_rate: Any
     is_divergent: Any
     step_size: Any
+    n_steps: Any = None
 
 
 def chees_jitter(jitter_amount: float) -> Callable:
@@ -328,6 +329,20 @@ def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: 
     return _mesh.shard_chains(body, s.mesh, 0, 2)
 
 
+def run_program(program: Callable, rng_key: jax.Array, state: Any, num_chains: int,
+                mesh: Any) -> tuple:  # fmt: skip
+    """Runs a ``program``'s warmup: ``(new state, params, draws, stats)``, the parameters
+    once (every device returns the same copy), the draws and stats on the host, cut to the
+    ``num_chains`` real chains (``None`` unless kept)."""
+    key, state = _mesh.replicate(rng_key, mesh), _mesh.replicate(state, mesh)
+    new_state, params, draws, stats = program(key, state)
+    params = jax.tree.map(lambda x: x[0], _distributed.to_host(params))
+    if draws is not None:
+        kept = _distributed.to_host((draws, stats))
+        draws, stats = jax.tree.map(lambda x: x[:num_chains], kept)
+    return new_state, params, draws, stats
+
+
 def _stats(records: Record, n: int) -> dict[str, Any]:
     """The warmup stats, ``(chain, draw)`` each, from the records ``(draw, chain)``."""
     info = SimpleNamespace(
@@ -336,4 +351,11 @@ def _stats(records: Record, n: int) -> dict[str, Any]:
             acceptance_rate=records.acceptance_rate, is_divergent=records.is_divergent
         ),
     )
-    return warmup_stats(info, jnp.broadcast_to(records.step_size, (n, records.step_size.shape[0])))
+    step_size = records.step_size  # (draw,) shared, or (draw, chain)
+    step_size = (
+        step_size.T if step_size.ndim == 2 else jnp.broadcast_to(step_size, (n, *step_size.shape))
+    )
+    stats = warmup_stats(info, step_size)
+    if records.n_steps is not None:
+        stats["n_steps"] = records.n_steps.T
+    return stats

@@ -139,6 +139,17 @@ def _window_in_loop(num_warmup: int, options: dict) -> InLoop:
     return InLoop(init, adapt_after, initial)
 
 
+def jittered(step_size: jax.Array, rng_key: jax.Array, jitter: float) -> tuple:
+    """``(step_size * (1 + jitter * u), key)``, ``u`` uniform in ``[-1, 1]`` from a split
+    of ``rng_key`` (the other half is returned for the step); no split when ``jitter`` is 0.
+    """
+    if not jitter:
+        return step_size, rng_key
+    rng_key, jitter_key = jax.random.split(rng_key)
+    u = jax.random.uniform(jitter_key, (), step_size.dtype, -1.0, 1.0)
+    return step_size * (1.0 + jitter * u), rng_key
+
+
 def adaptive_kernel(
     algorithm: Callable, logdensity_fn: Callable, num_warmup: int, extra: dict, spec: InLoop
 ) -> Kernel:
@@ -162,11 +173,7 @@ def adaptive_kernel(
 
     def step(rng_key, s):
         a = s.adaptation
-        step_size = a.step_size
-        if spec.jitter:
-            rng_key, jitter_key = jax.random.split(rng_key)
-            u = jax.random.uniform(jitter_key, (), step_size.dtype, -1.0, 1.0)
-            step_size = step_size * (1.0 + spec.jitter * u)
+        step_size, rng_key = jittered(a.step_size, rng_key, spec.jitter)
         state, info = build(step_size, a.inverse_mass_matrix).step(rng_key, s.state)
         if num_warmup > 0:
             a = spec.adapt(a, s.step, s.state, state, info)
