@@ -58,6 +58,7 @@ ONLY_ON = {
     (3, 11): [
         "test_examples.py::*",
         "test_posteriordb.py::*-fixed]",
+        "test_posteriordb.py::*-fisher]",
         "test_docs.py::*[[]batch-size.md]",
         "test_docs.py::*[[]chain-map.md]",
         "test_docs.py::*[[]contributing.md]",

@@ -29,18 +29,49 @@ def from_numpyro(
     model_kwargs: dict | None = None,
     log_likelihood: bool = False,
     data: str = "auto",
+    adaptation: Any = None,
+    algorithm: Any = None,
+    **options: Any,
 ) -> Any:
     """Wraps a numpyro ``MCMCKernel`` (or a model function: NUTS) for ``cr.run``.
 
-    See ``chainrunner.adapters._numpyro.from_numpyro`` for the details.
+    With ``adaptation=None`` (the default) numpyro's kernel runs as it is, with numpyro's
+    own adaptation: see ``chainrunner.adapters._numpyro.from_numpyro``. With
+    ``adaptation=`` (any name or adaptation ``cr.from_blackjax`` takes: nutpie's
+    ``"fisher_low_rank"``, Stan's ``"window"``, ``"chees"``, ``"pathfinder"``, ...) the
+    model's log density is sampled by blackjax (``algorithm``: the factory, by default
+    the adaptation's own, ``blackjax.nuts`` for the HMC family) with that adaptation and
+    its ``**options``, as ``cr.from_pymc`` does; starts, draws and ArviZ data stay
+    numpyro's: see ``chainrunner.adapters._numpyro_model``. A ``NUTS(model, ...)``'s
+    ``target_accept_prob``, ``max_tree_depth``, ``dense_mass`` (window only) and
+    ``init_strategy`` carry over; its other settings are an error there.
 
     Examples:
-        >>> import numpyro, numpyro.distributions as dist
+        >>> import jax, numpyro, numpyro.distributions as dist
         >>> import chainrunner as cr
         >>> def model():
         ...     numpyro.sample("x", dist.Normal())
-        >>> kernel = cr.from_numpyro(numpyro.infer.NUTS(model))
+        >>> kernel = cr.from_numpyro(numpyro.infer.NUTS(model))  # numpyro's own adaptation
+        >>> fisher = cr.from_numpyro(model, adaptation="fisher_low_rank")  # nutpie's
+        >>> cr.run(fisher, jax.random.key(0), None, 10, num_warmup=50, num_chains=2,
+        ...        progress=False).draws["x"].shape
+        (2, 10)
     """
+    if adaptation is not None:
+        from ._numpyro_model import from_numpyro_model
+
+        return from_numpyro_model(
+            kernel, model_args=model_args, model_kwargs=model_kwargs,
+            log_likelihood=log_likelihood, data=data, adaptation=adaptation,
+            algorithm=algorithm, options=options,
+        )  # fmt: skip
+    if algorithm is not None or options:
+        given = sorted(options) + (["algorithm"] if algorithm is not None else [])
+        raise TypeError(
+            f"from_numpyro: {given} apply only with adaptation= (chainrunner's adaptations "
+            "on the model's log density, e.g. adaptation='fisher_low_rank'); without it "
+            "numpyro's kernel runs with its own settings (give them to NUTS(model, ...))."
+        )
     from ._numpyro import from_numpyro as impl
 
     return impl(

@@ -42,7 +42,14 @@ from ..core._lru import LRU
 from ..core._naming import numpyro_stats
 from ._numpyro_ensemble import build as ensemble_functions
 
-__all__ = ["NumpyroKernel", "from_numpyro"]
+__all__ = [
+    "NumpyroKernel",
+    "bare_nuts",
+    "check_model_arguments",
+    "check_sites",
+    "from_numpyro",
+    "model_trace",
+]
 
 # Closures that numpyro kernels build in ``init``; reset in the private copies.
 _CLOSURE_ATTRS = ("_init_fn", "_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_wa_update")
@@ -95,7 +102,7 @@ def _data_mode(model: Any, data: str, split: tuple) -> tuple[str, str]:
 
     def probe(params):
         args, kwargs = _merge(list(params), treedef, mask, statics)
-        _model_trace(model, args, kwargs)
+        model_trace(model, args, kwargs)
 
     try:
         jax.eval_shape(probe, params)
@@ -145,7 +152,7 @@ def _init_strategy(nk: Any, strategy: Any) -> Iterator[None]:
         nk._init_strategy = old
 
 
-def _model_trace(model: Any, args: tuple, kwargs: dict) -> Any:
+def model_trace(model: Any, args: tuple, kwargs: dict) -> Any:
     # Latent values as numpyro's init_to_uniform: works for improper priors too.
     model = handlers.substitute(handlers.seed(model, rng_seed=0), substitute_fn=init_to_uniform)
     return handlers.trace(model).get_trace(*args, **kwargs)
@@ -170,10 +177,10 @@ def _observed_values(model: Any, args: tuple, kwargs: dict) -> dict[str, np.ndar
         }
 
     found: dict[str, Any] = {}
-    jax.eval_shape(lambda: found.update(observed(_model_trace(model, args, kwargs))))
+    jax.eval_shape(lambda: found.update(observed(model_trace(model, args, kwargs))))
     if any(isinstance(v, jax.core.Tracer) for v in found.values()):
         with jax.ensure_compile_time_eval():
-            found = observed(_model_trace(model, args, kwargs))
+            found = observed(model_trace(model, args, kwargs))
     return {name: np.asarray(value) for name, value in found.items()}
 
 
@@ -182,7 +189,7 @@ def _plate_dims(model: Any, args: tuple, kwargs: dict) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
 
     def collect() -> None:
-        for name, site in _model_trace(model, args, kwargs).items():
+        for name, site in model_trace(model, args, kwargs).items():
             if site["type"] not in ("sample", "deterministic"):
                 continue
             frames = sorted(site.get("cond_indep_stack", ()), key=lambda f: f.dim)
@@ -198,8 +205,8 @@ def _plate_dims(model: Any, args: tuple, kwargs: dict) -> dict[str, list[str]]:
     return found
 
 
-def _check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> None:
-    tr = _model_trace(model, args, kwargs)
+def check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> None:
+    tr = model_trace(model, args, kwargs)
     latent = [
         name for name, site in tr.items() if site["type"] == "sample" and not site["is_observed"]
     ]
@@ -231,7 +238,7 @@ def _init_state(nk: Any, model: Any, rng_key, num_warmup: int, position, args, k
             "{site name: constrained values with a leading chain axis}, got "
             f"{type(position).__name__}."
         )
-    _check_sites(model, position, args, kwargs)
+    check_sites(model, position, args, kwargs)
     with _init_strategy(nk, init_to_value(values=dict(position))):
         return nk.init(rng_key, num_warmup, None, args, kwargs)
 
@@ -595,8 +602,7 @@ def from_numpyro(
             data,
         )
     if isinstance(kernel, types.FunctionType):
-        model = kernel
-        kernel = _BARE.get(id(model), lambda: numpyro.infer.NUTS(model), owner=model)
+        kernel = bare_nuts(kernel)
     if isinstance(kernel, numpyro.infer.MCMC):
         raise TypeError(
             f"{where}: got a numpyro MCMC object; pass its kernel instead (mcmc.sampler, "
@@ -609,6 +615,11 @@ def from_numpyro(
         )
     check_model_arguments(kernel, model_args, model_kwargs)
     return NumpyroKernel(kernel, model_args, model_kwargs, log_likelihood, data)
+
+
+def bare_nuts(model: Any) -> Any:
+    """``NUTS(model)``, one per model function: a bare model maps to one kernel."""
+    return _BARE.get(id(model), lambda: numpyro.infer.NUTS(model), owner=model)
 
 
 def check_model_arguments(kernel: Any, model_args: tuple, model_kwargs: dict | None) -> None:

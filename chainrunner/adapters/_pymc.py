@@ -27,7 +27,6 @@ run with 64-bit types only).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -37,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._kernel import Adapter, CrossChainWarmup, Kernel, WarmupRequest
+from ..core._kernel import Adapter, Kernel
 from ..core._lru import LRU
-from ._blackjax import from_blackjax
-from ._blackjax._adaptations import SAMPLERS, name_of
+from ._blackjax._adaptations import name_of
+from ._model import ModelAdapter, build_sampler, value_key, with_target_accept
 
 __all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
 
@@ -49,8 +48,6 @@ INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
 # (id(model), data fingerprint, sampler and options) -> PymcModel: the same model and
 # arguments give the same adapter, hence the same compiled programs.
 _ADAPTERS = LRU(32)
-# id of a wrapped kernel's functions -> the wrapping functions (stable identities).
-_WRAPPED = LRU(64)
 
 
 def _pymc() -> Any:
@@ -315,46 +312,26 @@ def _lazy(build: Callable[[], Callable]) -> Callable:
 _JITTER_SALT = 0x70796D63  # "pymc": the jitter's keys are not the kernel's init keys
 
 
-def _wrap(kernel: Kernel, compiled: Compiled) -> Kernel:
-    """``kernel`` starting from PyMC's initial points and storing constrained draws.
-
-    ``init`` gets the chain's jittered initial point when ``run`` has no
-    ``initial_position``; ``extract`` turns the unconstrained position into the model's
-    variables. The wrappers are cached on the wrapped functions: same in, same out.
-    """
-    init, _, extract, _ = kernel.functions
+def _start(compiled: Compiled) -> Callable:
+    """One chain's start: PyMC's jittered initial point, or the given unconstrained values."""
     names = set(compiled.value_names)
 
-    def build() -> tuple[Callable, Callable]:
-        def pymc_init(position, rng_key, *params):
-            if position is None:
-                position = compiled.initial_point(jax.random.fold_in(rng_key, _JITTER_SALT))
-            elif not isinstance(position, Mapping) or set(position) != names:
-                got = sorted(position) if isinstance(position, Mapping) else type(position).__name__
-                raise ValueError(
-                    "run: initial_position for a PyMC model is a dict {value variable: "
-                    "unconstrained values with a leading chain axis} with the keys "
-                    f"{sorted(names)}; got {got}. Or pass None for PyMC's jittered initial points."
-                )
-            return init(position, rng_key, *params)
+    def start(position: Any, rng_key: jax.Array) -> Any:
+        if position is None:
+            return compiled.initial_point(jax.random.fold_in(rng_key, _JITTER_SALT))
+        if not isinstance(position, Mapping) or set(position) != names:
+            got = sorted(position) if isinstance(position, Mapping) else type(position).__name__
+            raise ValueError(
+                "run: initial_position for a PyMC model is a dict {value variable: "
+                "unconstrained values with a leading chain axis} with the keys "
+                f"{sorted(names)}; got {got}. Or pass None for PyMC's jittered initial points."
+            )
+        return position
 
-        def pymc_extract(state, info, *params):
-            draw, stats = extract(state, info, *params)
-            return compiled.constrain(draw), stats
-
-        return pymc_init, pymc_extract
-
-    pymc_init, pymc_extract = _WRAPPED.get(
-        (id(init), id(extract), id(compiled)), build, owner=(init, extract, compiled)
-    )
-    return kernel._replace(init=pymc_init, extract=pymc_extract, needs_position=False)
+    return start
 
 
-def _host(tree: Any) -> Any:
-    return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-class PymcModel(Adapter):
+class PymcModel(ModelAdapter):
     """A PyMC model as ``cr.run`` takes it: PyMC's JAX log density, sampled by blackjax.
 
     Build it with ``cr.from_pymc``. Sampling is in PyMC's unconstrained value space
@@ -385,14 +362,14 @@ class PymcModel(Adapter):
             find_observations,
         )
 
-        self.model, self.sampler, self.compiled = model, sampler, compiled
+        super().__init__(sampler, _start(compiled), compiled.constrain)
+        self.model, self.compiled = model, compiled
         self.want_log_likelihood = bool(log_likelihood)
         coords, dims = coords_and_dims_for_inferencedata(model)
         self._coords = {k: list(np.asarray(v).tolist()) for k, v in coords.items()}
         self._dims = {k: list(v) for k, v in dims.items()}
         self._observed = {k: np.asarray(v) for k, v in (find_observations(model) or {}).items()}
         self._constants = {k: np.asarray(v) for k, v in (find_constants(model) or {}).items()}
-        self._batched: dict[str, Callable] = {}
 
     def __repr__(self) -> str:
         return f"PymcModel({self.model.name or 'model'!r}, {self.sampler!r})"
@@ -403,30 +380,10 @@ class PymcModel(Adapter):
         "with model.point_logps(), or try from_pymc(..., jitter=False)."
     )
 
-    @property
-    def has_cross_chain_warmup(self) -> bool:  # type: ignore[override]
-        return self.sampler.has_cross_chain_warmup
-
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The sampler's kernel, starting from PyMC's initial points, with constrained draws."""
         _pymc()  # 64-bit types on (if they were turned off since from_pymc)
-        kernel = self.sampler.build_kernel(num_warmup=num_warmup, previous_params=previous_params)
-        return _wrap(kernel, self.compiled)
-
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """The sampler's ChEES or MEADS warmup; its kept draws constrained."""
-        out = self.sampler.cross_chain_warmup(request)
-        draws = out.draws
-        if draws is not None:
-            draws = self._over_draws("constrain", self.compiled.constrain)(draws)
-        return out._replace(kernel=_wrap(out.kernel, self.compiled), draws=draws)
-
-    def _over_draws(self, name: str, fn: Callable) -> Callable:
-        """``fn`` of one draw, jitted over ``(chain, draw)``, results on the host."""
-        if name not in self._batched:
-            self._batched[name] = jax.jit(jax.vmap(jax.vmap(fn)))
-        batched = self._batched[name]
-        return lambda draws: _host(batched(dict(draws)))
+        return super().build_kernel(num_warmup=num_warmup, previous_params=previous_params)
 
     def log_likelihood(self, draws: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Pointwise log likelihood of the observed variables at each draw.
@@ -441,7 +398,7 @@ class PymcModel(Adapter):
             ``{observed variable: numpy array (chain, draw, *its shape)}``.
         """
         free = {rv.name for rv in self.model.free_RVs}
-        return self._over_draws("log_likelihood", self.compiled.log_likelihood)(
+        return self.over_draws("log_likelihood", self.compiled.log_likelihood)(
             {k: v for k, v in draws.items() if k in free}
         )
 
@@ -486,25 +443,12 @@ class PymcModel(Adapter):
         }
 
 
-def _value_key(value: Any) -> Any:
-    """A hashable stand-in for an option's value: itself, or a digest of its array."""
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        try:
-            data = np.ascontiguousarray(np.asarray(value))
-            return (data.shape, str(data.dtype), hashlib.blake2b(data.tobytes()).hexdigest())
-        except Exception:
-            return ("id", id(value))
-
-
 def _data_key(model: Any) -> tuple:
     """What identifies the model's data now: ``pm.Data`` values and dim lengths."""
     parts = [len(model.named_vars)]
     for v in [*model.data_vars, *model.dim_lengths.values()]:
         get = getattr(v, "get_value", None)
-        parts.append((v.name, _value_key(get(borrow=True) if get else getattr(v, "data", v))))
+        parts.append((v.name, value_key(get(borrow=True) if get else getattr(v, "data", v))))
     return tuple(parts)
 
 
@@ -520,46 +464,6 @@ def _check_model(pymc: Any, model: Any) -> None:
             f"{where}: the model has discrete variables {discrete}; blackjax's gradient-based "
             "samplers need continuous ones (marginalise them out, e.g. with pymc_extras)."
         )
-
-
-def _with_target_accept(adaptation: Any, target_accept: float | None, options: dict) -> dict:
-    """``options`` with ``pm.sample``'s ``target_accept`` under the adaptation's name for it."""
-    if target_accept is None:
-        return options
-    name = None if adaptation is None else name_of(adaptation, "from_pymc")
-    if name in (None, "mclmc", "meads"):
-        raise ValueError(
-            f"from_pymc: target_accept={target_accept!r} does not apply to adaptation="
-            f"{name!r} (it tunes no step size to an acceptance rate)."
-        )
-    if not 0 < float(target_accept) < 1:
-        raise ValueError(f"from_pymc: target_accept must be in (0, 1), got {target_accept!r}.")
-    option = "target" if name == "adjusted_mclmc" else "target_acceptance_rate"
-    if option in options:
-        raise TypeError(f"from_pymc: pass target_accept or {option}, not both.")
-    return {**options, option: float(target_accept)}
-
-
-def _sampler(algorithm: Any, adaptation: Any, logdensity_fn: Callable, options) -> Adapter:
-    """The blackjax adapter on the model's log density (``from_blackjax``)."""
-    import blackjax
-
-    from ..core._kernel import FixedKernel
-
-    if algorithm is None:
-        name = None if adaptation is None else name_of(adaptation, "from_pymc")
-        algorithm = getattr(blackjax, SAMPLERS.get(name, "nuts"))
-    if adaptation is not None:
-        return from_blackjax(
-            algorithm, logdensity_fn=logdensity_fn, adaptation=adaptation, **options
-        )
-    if not callable(algorithm):
-        raise TypeError(
-            "from_pymc: with adaptation=None, algorithm is a blackjax factory called as "
-            "algorithm(logdensity_fn, **options) (e.g. blackjax.mala with step_size=...), got "
-            f"{type(algorithm).__name__}."
-        )
-    return FixedKernel(from_blackjax(algorithm(logdensity_fn, **options)), library="blackjax")
 
 
 def from_pymc(
@@ -641,24 +545,24 @@ def from_pymc(
     _check_model(pymc, model)
     if adaptation is not None:
         name_of(adaptation, "from_pymc")  # a clear error for an unknown one, now
-    options = _with_target_accept(adaptation, target_accept, options)
+    options = with_target_accept(adaptation, target_accept, options, "from_pymc")
     key = (
         id(model),
         _data_key(model),
         id(algorithm),
         adaptation,
         bool(log_likelihood),
-        tuple((str(k), _value_key(v)) for k, v in (initvals or {}).items()),
+        tuple((str(k), value_key(v)) for k, v in (initvals or {}).items()),
         bool(jitter),
         int(jitter_max_retries),
-        tuple((k, _value_key(v)) for k, v in sorted(options.items())),
+        tuple((k, value_key(v)) for k, v in sorted(options.items())),
     )
 
     def build() -> PymcModel:
         compiled = compile_model(
             model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
         )
-        sampler = _sampler(algorithm, adaptation, compiled.logdensity_fn, options)
+        sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
         return PymcModel(model, sampler, compiled, log_likelihood)
 
     return _ADAPTERS.get(key, build, owner=(model, algorithm))
