@@ -282,8 +282,13 @@ def shard_chains(fn: Callable, mesh: Mesh, num_chained: int, num_replicated: int
     would silently return device 0's block only).
     """
     in_specs = (P(AXIS),) * num_chained + (P(),) * num_replicated
+    # out_shardings as well: jit otherwise gave a zero-size output (the low-rank Fisher
+    # basis with every direction kept, (chains, 2, d, 0)) the sharding P(), so the state
+    # the init program returned differed from what the loop was compiled for ahead of it,
+    # and the loop compiled a second time (3.6 s on eight schools).
     # check_vma=False: blackjax and numpyro NUTS fail shard_map's varying-axes check
     # (their U-turn buffers and while-loop carries start from replicated constants).
     return jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS), check_vma=False)
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS), check_vma=False),
+        out_shardings=NamedSharding(mesh, P(AXIS)),
     )
