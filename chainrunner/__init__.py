@@ -20,6 +20,7 @@ from .output._trace import Trace as Trace
 from .pipeline._run import run as run
 from .pipeline._run import sample as sample
 from .programs._cache import enable_compilation_cache as enable_compilation_cache
+from .programs._store import set_cache as set_cache
 from .stopping._until import Converged as Converged
 from .stopping._until import Forgotten as Forgotten
 
@@ -45,4 +46,5 @@ __all__ = [
     "request_cpu_devices",
     "run",
     "sample",
+    "set_cache",
 ]

@@ -3,11 +3,17 @@
 import fnmatch
 import os
 import sys
+import tempfile
 
 import jax
 
 # Before any JAX computation: the backend fixes its device count when it starts.
 jax.config.update("jax_num_cpu_devices", 8)
+
+# chainrunner keeps compiled programs on disk (programs/_store.py): each test process
+# (each xdist worker) gets a folder of its own, empty at the start, so that no test sees
+# programs of an earlier session; the subprocesses a test starts share their parent's.
+os.environ["CHAINRUNNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="chainrunner-tests-")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -16,6 +16,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from ..core._fingerprint import stable_digest
 from ..core._kernel import Adapter, FixedKernel, Kernel
 from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
 
@@ -143,9 +144,11 @@ def as_adapter(kernel: Any, where: str = "run") -> Adapter:
     if isinstance(kernel, Adapter):
         return kernel
     if isinstance(kernel, Kernel):
-        return FixedKernel(kernel)
+        what = ("kernel", kernel.functions, kernel.needs_position, kernel.ensemble)
+        return FixedKernel(kernel, identity=stable_digest(what))
     if is_sampling_algorithm(kernel):
-        return FixedKernel(from_blackjax(kernel), library="blackjax")
+        identity = stable_digest(("blackjax", kernel))
+        return FixedKernel(from_blackjax(kernel), library="blackjax", identity=identity)
     if (type(kernel).__module__ or "").startswith("numpyro."):
         return from_numpyro(kernel)
     if (type(kernel).__module__ or "").startswith("pymc."):  # pymc is imported only then

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core._fingerprint import stable_digest
 from ..core._kernel import Adapter, CrossChainWarmup, FixedKernel, Kernel, WarmupRequest
 from ..core._lru import LRU
 from ._blackjax._adaptations import SAMPLERS, name_of
@@ -197,4 +198,6 @@ def build_sampler(
             "algorithm(logdensity_fn, **options) (e.g. blackjax.mala with step_size=...), got "
             f"{type(algorithm).__name__}."
         )
-    return FixedKernel(from_blackjax(algorithm(logdensity_fn, **options)), library="blackjax")
+    identity = stable_digest(("blackjax fixed", algorithm, logdensity_fn, options))
+    kernel = from_blackjax(algorithm(logdensity_fn, **options))
+    return FixedKernel(kernel, library="blackjax", identity=identity)

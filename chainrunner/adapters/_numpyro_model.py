@@ -32,10 +32,10 @@ from numpyro import handlers
 from numpyro.infer.initialization import init_to_uniform, init_to_value
 from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 
+from ..core._fingerprint import FingerprintCache, stable_digest
 from ..core._kernel import Adapter
-from ..core._lru import LRU
 from ._blackjax._adaptations import factory_parameters, name_of
-from ._model import ModelAdapter, build_sampler, value_key, with_target_accept
+from ._model import ModelAdapter, build_sampler, with_target_accept
 from ._numpyro import (
     NumpyroKernel,
     bare_nuts,
@@ -48,8 +48,9 @@ __all__ = ["NumpyroModel", "from_numpyro_model"]
 
 _SALT = 0x6E756D70  # "nump": the start's keys are not the adaptation's
 
-# (id(model), data digest, sampler and options) -> NumpyroModel.
-_ADAPTERS = LRU(32)
+# fingerprint of (model, data, sampler, options) -> NumpyroModel: a new NUTS(model) of
+# the same model and data gets the same adapter, hence the same compiled programs.
+_ADAPTERS = FingerprintCache(32)
 
 # numpyro NUTS's settings and their defaults: those chainrunner's adaptation replaces.
 _NUTS_DEFAULTS = {
@@ -255,12 +256,6 @@ class NumpyroModel(ModelAdapter):
         }
 
 
-def _data_key(args: tuple, kwargs: dict) -> tuple:
-    """What identifies the model's arguments: their structure and a digest of each leaf."""
-    leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)))
-    return (treedef, tuple(value_key(x) for x in leaves))
-
-
 def from_numpyro_model(
     kernel: Any,
     *,
@@ -290,15 +285,8 @@ def from_numpyro_model(
     factory = algorithm if algorithm is not None else getattr(blackjax, SAMPLERS.get(name, "nuts"))
     options = _translated(nuts, name, factory, dict(options), where)
     strategy = getattr(nuts, "_init_strategy", init_to_uniform)
-    key = (
-        id(model),
-        _data_key(tuple(model_args), kwargs),
-        id(algorithm),
-        adaptation if name != "built" else id(adaptation),
-        bool(log_likelihood),
-        id(strategy),
-        tuple((k, value_key(v)) for k, v in sorted(options.items())),
-    )
+    source = ("numpyro model", model, tuple(model_args), kwargs, algorithm, adaptation,
+              bool(log_likelihood), strategy, options)  # fmt: skip
 
     def build() -> NumpyroModel:
         _check_continuous(model, tuple(model_args), kwargs, where)
@@ -307,6 +295,8 @@ def from_numpyro_model(
         logdensity_fn, constrain = _functions(model, args, kwargs)
         sampler = build_sampler(factory, adaptation, logdensity_fn, options, where)
         start = _start(model, args, kwargs, strategy)
-        return NumpyroModel(model, sampler, meta, logdensity_fn, start, constrain)
+        adapter = NumpyroModel(model, sampler, meta, logdensity_fn, start, constrain)
+        adapter.identity = stable_digest(source)
+        return adapter
 
-    return _ADAPTERS.get(key, build, owner=(model, algorithm, strategy))
+    return _ADAPTERS.get(source, build)

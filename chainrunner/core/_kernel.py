@@ -72,6 +72,10 @@ class Kernel(NamedTuple):
             together (numpyro's ``AIES``, ``ESS``). ``init`` and ``step`` are then the
             ensemble's whole-ensemble functions, and ``extract`` and ``logdensity`` take
             one walker's row of ``Ensemble.rows(state)`` (and its row of the step's info).
+        identity: ``None``, or a string that names what the functions compute, the same
+            in every process (``run`` sets it from ``Adapter.identity``): kernels with
+            the same identity share compiled programs, kept on disk between processes
+            (``cr.set_cache``). Two kernels that compute differently must never share one.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -92,6 +96,7 @@ class Kernel(NamedTuple):
     params: Any = None
     needs_position: bool = True
     ensemble: Any = None
+    identity: str | None = None
 
     @property
     def functions(self) -> tuple:
@@ -224,6 +229,11 @@ class Adapter:
         needs_warmup: ``True`` if a fresh run with ``num_warmup=0`` would sample with
             values that were never adapted (a step size of 1.0): ``run`` then raises
             before any work, naming what to pass. A continued trace needs none.
+        identity: ``None``, or a string naming what this adapter's kernels compute, the
+            same in every process (a digest of the model or log density's fingerprint,
+            its data and options: ``core/_fingerprint.py``). With it, ``run`` loads the
+            compiled programs of an earlier process from the cache folder without tracing
+            them (``cr.set_cache``); without it they are still kept, found after tracing.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -239,6 +249,7 @@ class Adapter:
     has_cross_chain_warmup: bool = False
     init_error_hint: str | None = None
     needs_warmup: bool = False
+    identity: str | None = None
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``Kernel`` to run ``num_warmup`` warmup steps and then sample with.
@@ -283,9 +294,10 @@ class Adapter:
 class FixedKernel(Adapter):
     """The adapter of a ready ``Kernel``: the same kernel whatever the warmup."""
 
-    def __init__(self, kernel: Kernel, library: str | None = None):
+    def __init__(self, kernel: Kernel, library: str | None = None, identity: str | None = None):
         self._kernel = kernel
         self._library = library
+        self.identity = identity
 
     def __repr__(self) -> str:
         return f"FixedKernel({self._kernel!r})"

@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ..core._fingerprint import stable_digest
 from ..core._kernel import Kernel
 from ..layout import _distributed, _mesh
-from ..programs._compile import Ahead, compiled, in_this_context
+from ..programs._compile import Ahead, compiled, in_this_context, stable_signature
 from ..programs._programs import chunk_program, draw_shape, fitted_rows
 from ._plan import DEFAULT_CHUNK_SIZE
 
@@ -131,8 +132,19 @@ def compile_loop(
         ),
         (state, placed.chains, placed.key, *zero, params),
         on_traced,
+        _identity(kernel, key, sched),
     )
     return Chunks(program, placed, params), seconds
+
+
+def _identity(kernel: Kernel, key: tuple, sched: Schedule) -> tuple | None:
+    """What names the chunk program in every process (``_compile.compiled``), or ``None``
+    where the kernel or ``keep=`` has no such name."""
+    keep = stable_digest(key[6])
+    if kernel.identity is None or keep is None:
+        return None
+    draw = None if sched.draw is None else stable_signature(sched.draw)
+    return ("chunk", kernel.identity, *key[2:6], keep, *key[7:], draw)
 
 
 class Chunks(NamedTuple):

@@ -10,6 +10,7 @@ locked, and an executable being compiled by one thread is awaited by the other.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ import numpy as np
 
 from ..core._lru import LRU
 from ..core._threads import Background
+from . import _store
+from ._store import trace_settings
 
 CACHE_SIZE = 32
 _PROGRAMS = LRU(CACHE_SIZE)
@@ -63,11 +66,15 @@ def compiled(
     build: Callable[[], Callable],
     args: tuple,
     on_traced: Callable[[Any], None] | None = None,
+    identity: tuple | None = None,
 ) -> tuple[Any, float]:
     """The compiled executable for ``args``, and the seconds spent compiling (or waiting).
 
     ``on_traced(out_info)`` is called once the program is traced and before it is
-    compiled (not at all when the executable is cached).
+    compiled (not at all when the executable is cached in this process). ``identity``:
+    what names the program in every process (the kernel's ``identity`` and the
+    program's layout), or ``None``: the program is then kept on disk under its lowered
+    text (``_store``).
     """
     program = _PROGRAMS.get(program_key, build)
     key = (program_key, signature(args))
@@ -77,11 +84,7 @@ def compiled(
         waited = time.perf_counter() - t0
         return executable, waited if waited > 1e-3 else 0.0
     try:
-        with TRACE_LOCK:
-            traced = program.trace(*args)
-        if on_traced is not None:
-            on_traced(traced.out_info)
-        executable = _EXECUTABLES.put(key, traced.lower().compile())
+        executable = _EXECUTABLES.put(key, _compile(program, args, on_traced, identity))
     finally:
         with _PENDING_LOCK:
             del _PENDING[key]
@@ -89,21 +92,66 @@ def compiled(
     return executable, time.perf_counter() - t0
 
 
-# The settings that change what a trace builds and that a ``with`` context sets for one
-# thread only (read through the public ``jax.config``; a name a version lacks is skipped).
-_TRACE_SETTINGS = (
-    "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
-    "jax_numpy_dtype_promotion", "jax_default_device", "jax_default_prng_impl",
-    "jax_threefry_partitionable", "jax_softmax_custom_jvp", "jax_disable_jit",
-    "jax_random_seed_offset", "jax_debug_nans", "jax_debug_infs", "jax_check_tracer_leaks",
-)  # fmt: skip
+def _compile(program: Any, args: tuple, on_traced: Any, identity: tuple | None) -> Any:
+    """Loaded from the cache folder by ``identity``, or traced, lowered and then loaded by
+    its text or compiled (and stored). Programs whose arguments are not all on one mesh
+    are not stored (what devices they run on is not known before compiling)."""
+    devices = mesh_devices(args)
+    words = stable_signature(args)
+    stored = devices is not None and _store.folder() is not None
+    name = _store.key("identity", identity, words) if stored and identity is not None else None
+    if name is not None:
+        loaded = _store.load(name, devices)
+        if loaded is not None:
+            if on_traced is not None:
+                on_traced(loaded.out_info)
+            return loaded
+    with TRACE_LOCK:
+        traced = program.trace(*args)
+    if on_traced is not None:
+        on_traced(traced.out_info)
+    lowered = traced.lower()
+    if stored and name is None:
+        text = hashlib.blake2b(lowered.as_text().encode()).hexdigest()
+        name = _store.key("text", text, words)
+        loaded = _store.load(name, devices)
+        if loaded is not None:
+            return loaded
+    executable = lowered.compile()
+    if name is not None:
+        _store.save(name, executable, devices)
+    return executable
 
 
-def _trace_settings() -> tuple:
-    """This thread's values of ``_TRACE_SETTINGS`` and its abstract mesh, if any."""
-    values = tuple(repr(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS)
-    mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
-    return (*values, repr(mesh))
+def mesh_devices(args: Any) -> list | None:
+    """The devices (in the mesh's order) of the one mesh every argument lies on, or
+    ``None`` where they are not all placed on one mesh."""
+    meshes = {getattr(getattr(x, "sharding", None), "mesh", None) for x in jax.tree.leaves(args)}
+    if len(meshes) != 1 or None in meshes:
+        return None
+    return list(next(iter(meshes)).devices.flat)
+
+
+def stable_signature(args: Any) -> tuple:
+    """``signature`` in words that mean the same in every process."""
+    leaves, treedef = jax.tree.flatten(args)
+    return (
+        str(treedef),
+        tuple(
+            (np.shape(x), str(x.dtype), bool(getattr(x, "weak_type", False)),
+             _sharding_words(getattr(x, "sharding", None)))
+            for x in leaves
+        ),
+    )  # fmt: skip
+
+
+def _sharding_words(sharding: Any) -> Any:
+    spec = getattr(sharding, "spec", None)
+    mesh = getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return repr(sharding)
+    return (str(spec), tuple(mesh.axis_names), tuple(mesh.devices.shape),
+            tuple(int(d.id) for d in mesh.devices.flat))  # fmt: skip
 
 
 def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -115,9 +163,9 @@ def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     force, there is no thread-safe way to compile it elsewhere: the caller compiles on its
     own thread. ``log_compiles`` is carried over.
     """
-    context = _trace_settings()
+    context = trace_settings()
     fresh: list[Any] = []
-    probe = threading.Thread(target=lambda: fresh.append(_trace_settings()))
+    probe = threading.Thread(target=lambda: fresh.append(trace_settings()))
     probe.start()
     probe.join()
     if fresh[0] != context:

@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ...core._fingerprint import FingerprintCache, stable_digest
 from ...core._kernel import Adapter, Kernel
-from ...core._lru import LRU
 from ...layout import _distributed
 from . import _adaptations, _warmup_fisher, _warmup_tuned
 from ._adaptations import ADAPTATIONS
@@ -28,9 +28,10 @@ from ._warmup_window import WindowAdaptation, WindowState
 
 __all__ = ["ADAPTATIONS", "adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
 
-# Adapted kernels are cached on the identity of what they wrap, so that passing the same
-# blackjax algorithm twice reuses the same Kernel and hence the same compiled program.
-_ADAPTED = LRU(64)
+# Kernels are cached on the fingerprint of what they wrap (core/_fingerprint.py), so that
+# passing the same blackjax algorithm twice, or a new one built from the same log density
+# and parameters, reuses the same Kernel and hence the same compiled programs.
+_ADAPTED = FingerprintCache(64)
 
 
 def is_sampling_algorithm(obj: Any) -> bool:
@@ -181,7 +182,7 @@ def from_blackjax(
 
         return Kernel(init=init, step=alg.step)
 
-    return _ADAPTED.get(id(algorithm), lambda: build(algorithm), owner=algorithm)
+    return _ADAPTED.get(("blackjax", algorithm), lambda: build(algorithm))
 
 
 _DEFAULTS = {
@@ -208,18 +209,7 @@ _DEFAULTS = {
     },
 }
 
-_OBJECTS = LRU(64)
-
-
-def _options_key(options: dict) -> tuple:
-    items = []
-    for k, v in sorted(options.items()):
-        try:
-            hash(v)
-            items.append((k, "v", v))
-        except TypeError:
-            items.append((k, "id", id(v)))
-    return tuple(items)
+_OBJECTS = FingerprintCache(64)
 
 
 def from_blackjax_adaptive(
@@ -260,11 +250,15 @@ def from_blackjax_adaptive(
             f"{logdensity_fn!r}."
         )
     opts = _checked_options(name, algorithm, options, where)
-    token = id(adaptation) if name == "built" else name
-    key = (id(algorithm), id(logdensity_fn), token, _options_key(opts))
-    owner = (algorithm, logdensity_fn) + ((adaptation,) if name == "built" else ())
-    return _OBJECTS.get(key, lambda: _build(name, algorithm, logdensity_fn, adaptation, opts),
-                        owner=owner)  # fmt: skip
+    token = adaptation if name == "built" else name
+    source = ("adaptive", algorithm, logdensity_fn, token, opts)
+
+    def build() -> Adapter:
+        adapter = _build(name, algorithm, logdensity_fn, adaptation, opts)
+        adapter.identity = stable_digest(source)
+        return adapter
+
+    return _OBJECTS.get(source, build)
 
 
 def _checked_options(name: str, algorithm: Any, options: dict, where: str) -> dict:

@@ -1,0 +1,370 @@
+"""Compiled programs kept on disk, so that the next process does not compile them again.
+
+chainrunner's own cache folder (never JAX's configuration): ``$CHAINRUNNER_CACHE_DIR``,
+else the platform's cache folder (``~/.cache/chainrunner`` on Linux,
+``~/Library/Caches/chainrunner`` on macOS, ``%LOCALAPPDATA%\\chainrunner\\Cache`` on
+Windows). ``CHAINRUNNER_CACHE=off`` (or ``cr.set_cache(False)``) turns it off.
+
+Each entry is one compiled executable (``jax.experimental.serialize_executable``), with the
+trees of its arguments and results and the program's text (the checkpoint's identity),
+under a key of two kinds:
+
+- **by identity**, where the kernel has one the same in every process
+  (``Kernel.identity``: a fingerprint of the model or log density, its data and
+  options): the key is that identity, the program's layout and argument shapes, and this
+  process's setting (``environment``): a hit skips tracing, lowering and compiling;
+- **by program text** otherwise (a PyMC model, a kernel holding objects chainrunner
+  cannot look into): after tracing and lowering, the lowered text's digest: a hit skips
+  XLA's compile only.
+
+``environment`` is part of every key: the versions of Python, jax, jaxlib, numpyro,
+blackjax and PyMC (and, for a library installed from a source folder, the times its files
+changed), a digest of chainrunner's own source, the devices (platform, kind, ids, the
+CPU's model and flags) and the ``XLA_FLAGS``, and JAX's settings that change a trace.
+
+Files are written atomically (a temporary file, then a rename), so processes sharing the
+folder never read half a file; each starts with a digest of its contents, and a file
+that does not match it, or fails to load, is deleted and compiled anew. After a write the
+least recently used files go until the folder is under its size bound
+(``CHAINRUNNER_CACHE_MAX_BYTES``, 2 GiB by default). Loading a file runs pickled code: the
+folder is yours, keep it so (as for JAX's own persistent cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import platform
+import sys
+import tempfile
+import threading
+import zlib
+from typing import Any
+
+import jax
+
+__all__ = ["folder", "key", "load", "save", "set_cache", "trace_settings"]
+
+_MAGIC = b"chainrunner-program-1\n"
+DEFAULT_MAX_BYTES = 2 * 1024**3
+_OFF = ("0", "off", "false", "no")
+_lock = threading.Lock()
+_SETTING: dict[str, Any] = {}  # set_cache's choice: {"folder": str | None, "max_bytes": int}
+
+
+def platform_cache_dir() -> str:
+    """The platform's folder for chainrunner's caches."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~")
+        return os.path.join(base, "chainrunner", "Cache")
+    if sys.platform == "darwin":
+        return os.path.join(os.path.expanduser("~"), "Library", "Caches", "chainrunner")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "chainrunner")
+
+
+def folder() -> str | None:
+    """Where compiled programs are kept (``<cache folder>/programs``), or ``None`` when off."""
+    if "folder" in _SETTING:
+        base = _SETTING["folder"]
+    elif os.environ.get("CHAINRUNNER_CACHE", "").strip().lower() in _OFF:
+        base = None
+    else:
+        base = os.environ.get("CHAINRUNNER_CACHE_DIR") or platform_cache_dir()
+    return None if base is None else os.path.join(os.path.abspath(base), "programs")
+
+
+def max_bytes() -> int:
+    """The folder's size bound."""
+    if "max_bytes" in _SETTING:
+        return _SETTING["max_bytes"]
+    value = os.environ.get("CHAINRUNNER_CACHE_MAX_BYTES")
+    return int(value) if value else DEFAULT_MAX_BYTES
+
+
+def set_cache(
+    path: str | os.PathLike[str] | bool | None = True, *, max_bytes: int | None = None
+) -> str | None:
+    """Where chainrunner keeps compiled programs between processes (on by default).
+
+    The first ``cr.run`` of a model in a process compiles its programs (seconds, often
+    most of a short run); they are written to this folder, and a later process running
+    the same model, options and layout loads them instead (tens of milliseconds). Only
+    chainrunner's own programs go there; JAX's configuration is never changed (for JAX's
+    own persistent cache of all your programs, see ``cr.enable_compilation_cache``).
+
+    Args:
+        path: the cache folder (created when first written); ``True``: the default
+            (``$CHAINRUNNER_CACHE_DIR``, else the platform's cache folder, e.g.
+            ``~/.cache/chainrunner``); ``False`` or ``None``: off for this process
+            (``CHAINRUNNER_CACHE=off`` does the same from the environment).
+        max_bytes: the folder's size bound (least recently used programs are dropped
+            beyond it); ``None``: ``$CHAINRUNNER_CACHE_MAX_BYTES`` or 2 GiB.
+
+    Returns:
+        The folder programs are kept in, or ``None`` when off.
+
+    Raises:
+        TypeError: ``max_bytes`` is not an integer.
+        ValueError: ``max_bytes`` is negative, or ``path`` is an existing file.
+
+    Examples:
+        >>> import tempfile
+        >>> import chainrunner as cr
+        >>> cr.set_cache(tempfile.mkdtemp()).endswith("programs")
+        True
+        >>> cr.set_cache(False) is None
+        True
+        >>> _ = cr.set_cache(True)  # the default again
+    """
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+            raise TypeError(f"set_cache: max_bytes must be an int, got {max_bytes!r}.")
+        if max_bytes < 0:
+            raise ValueError(f"set_cache: max_bytes must be >= 0, got {max_bytes}.")
+    if path is True:
+        _SETTING.pop("folder", None)
+    elif path is False or path is None:
+        _SETTING["folder"] = None
+    else:
+        path = os.fspath(path)
+        if os.path.isfile(path):
+            raise ValueError(f"set_cache: path={path!r} is a file; expected a folder.")
+        _SETTING["folder"] = path
+    if max_bytes is None:
+        _SETTING.pop("max_bytes", None)
+    else:
+        _SETTING["max_bytes"] = max_bytes
+    return folder()
+
+
+class Loaded:
+    """A program loaded from the folder: called and described as the compiled one was."""
+
+    def __init__(self, compiled: Any, text: str):
+        self._compiled, self._text = compiled, text
+
+    def __call__(self, *args: Any) -> Any:
+        return self._compiled(*args)
+
+    @property
+    def out_info(self) -> Any:
+        return self._compiled.out_info
+
+    def as_text(self) -> str:
+        """The text of the program as it was compiled (the checkpoint's identity)."""
+        return self._text
+
+
+def key(*parts: Any) -> str:
+    """The file name of an entry: a digest of ``parts`` and of ``environment()``."""
+    text = repr((environment(), parts))
+    return hashlib.blake2b(text.encode(), digest_size=24).hexdigest()
+
+
+def load(name: str, devices: list) -> Loaded | None:
+    """The program stored under ``name`` for ``devices`` (the mesh's, in order: the key
+    names them too), or ``None`` (missing, off, damaged: dropped)."""
+    where = folder()
+    if where is None:
+        return None
+    path = os.path.join(where, name + ".bin")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        entry = _unpack(data)
+        from jax.experimental import serialize_executable
+
+        if entry["devices"] != [d.id for d in devices]:
+            raise ValueError("compiled for other devices")
+        compiled = serialize_executable.deserialize_and_load(
+            entry["executable"], entry["in_tree"], entry["out_tree"],
+            execution_devices=devices,
+        )  # fmt: skip
+        loaded = Loaded(compiled, zlib.decompress(entry["text"]).decode())
+    except Exception:  # damaged, or of a JAX that cannot read it: compiled anew
+        _remove(path)
+        return None
+    try:
+        os.utime(path)  # recently used: pruned last
+    except OSError:
+        pass
+    return loaded
+
+
+def save(name: str, compiled: Any, devices: list) -> None:
+    """Stores ``compiled`` (for ``devices``) under ``name`` (atomically), then prunes the
+    folder to its bound.
+
+    A program that cannot be serialized (JAX's ``serialize`` refuses some; trees of
+    classes that cannot be pickled) is not stored: it compiles in every process.
+    """
+    where = folder()
+    if where is None or jax.process_count() > 1:
+        return
+    try:
+        from jax.experimental import serialize_executable
+
+        executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+        entry = {
+            "executable": executable,
+            "in_tree": in_tree,
+            "out_tree": out_tree,
+            "devices": [d.id for d in devices],
+            "text": zlib.compress(compiled.as_text().encode()),
+        }
+        payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return
+    data = _MAGIC + hashlib.sha256(payload).digest() + payload
+    try:
+        os.makedirs(where, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=".tmp-", suffix=".bin")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(where, name + ".bin"))
+    except OSError:  # a full disk or a read-only folder: no cache, no failure
+        return
+    prune(where, max_bytes())
+
+
+def _unpack(data: bytes) -> dict:
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a chainrunner program file")
+    digest, payload = data[len(_MAGIC) : len(_MAGIC) + 32], data[len(_MAGIC) + 32 :]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError("damaged program file")
+    return pickle.loads(payload)
+
+
+def prune(where: str, bound: int) -> None:
+    """Removes the least recently used entries until the folder holds at most ``bound``
+    bytes (a little under, so that it is not pruned at every write)."""
+    with _lock:
+        try:
+            entries = [e for e in os.scandir(where) if e.name.endswith(".bin")]
+            stats = [(e.stat().st_mtime, e.stat().st_size, e.path) for e in entries]
+        except OSError:
+            return
+        total = sum(size for _, size, _ in stats)
+        if total <= bound:
+            return
+        for _, size, path in sorted(stats):
+            _remove(path)
+            total -= size
+            if total <= 0.8 * bound:
+                break
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# The settings that change what a trace builds and that a ``with`` context sets for one
+# thread only (read through the public ``jax.config``; a name a version lacks is skipped).
+_TRACE_SETTINGS = (
+    "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
+    "jax_numpy_dtype_promotion", "jax_default_device", "jax_default_prng_impl",
+    "jax_threefry_partitionable", "jax_softmax_custom_jvp", "jax_disable_jit",
+    "jax_random_seed_offset", "jax_debug_nans", "jax_debug_infs", "jax_check_tracer_leaks",
+)  # fmt: skip
+
+
+def trace_settings() -> tuple:
+    """This thread's values of ``_TRACE_SETTINGS`` and its abstract mesh, if any."""
+    values = tuple(repr(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS)
+    mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
+    return (*values, repr(mesh))
+
+
+@functools.lru_cache(maxsize=1)
+def _process_environment() -> tuple:
+    """What this process's programs depend on besides the program: versions, sources,
+    the machine."""
+    from importlib import metadata
+
+    versions = []
+    for name in ("jax", "jaxlib", "numpyro", "blackjax", "pymc", "pytensor", "numpy"):
+        try:
+            versions.append((name, metadata.version(name), _source_times(name)))
+        except metadata.PackageNotFoundError:
+            versions.append((name, None, None))
+    return (
+        sys.version,
+        tuple(versions),
+        _own_source(),
+        platform.machine(),
+        _cpu(),
+        os.environ.get("XLA_FLAGS", ""),
+    )
+
+
+def environment() -> tuple:
+    """``_process_environment`` and what may change within a process: the devices and
+    the JAX settings that change a trace (``x64`` and the like)."""
+    devices = jax.devices()
+    device = devices[0]
+    return (
+        _process_environment(),
+        device.platform,
+        getattr(device, "device_kind", ""),
+        getattr(device.client, "platform_version", ""),
+        tuple(d.id for d in devices),
+        trace_settings(),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _source_times(distribution: str) -> Any:
+    """For a library installed from a source folder (``pip install -e``): when its
+    Python files last changed (its version does not change when they do)."""
+    import importlib.util
+    import sysconfig
+
+    spec = importlib.util.find_spec(distribution)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = next(iter(spec.submodule_search_locations))
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    if any(root.startswith(p) for p in installed):
+        return None
+    latest = 0
+    for base, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                latest = max(latest, os.stat(os.path.join(base, name)).st_mtime_ns)
+    return latest
+
+
+@functools.lru_cache(maxsize=1)
+def _own_source() -> str:
+    """A digest of chainrunner's own Python files (its version is not enough while it is
+    developed)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.blake2b(digest_size=16)
+    for base, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(base, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> str:
+    """The CPU's model and instruction-set flags (XLA compiles for this CPU's features)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
+        return hashlib.blake2b("".join(sorted(set(lines))).encode()).hexdigest()
+    except OSError:
+        return platform.processor()

@@ -1,0 +1,235 @@
+"""Compile each program once: new kernel objects of the same model reuse it, and a second
+process loads it from the cache folder (issue 34); never a program of another model.
+
+Fingerprints (``core/_fingerprint.py``) say when two objects compute the same thing;
+``programs/_store.py`` keeps compiled programs on disk between processes.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import NUTS
+
+import chainrunner as cr
+from chainrunner.core._fingerprint import FingerprintCache, fingerprint, stable_digest
+from chainrunner.programs import _programs, _store
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def _scaled(scale):
+    return lambda x: -0.5 * jnp.sum((x / scale) ** 2)
+
+
+OFFSET = np.zeros(3)
+
+
+def _reads_global(x):
+    return -0.5 * jnp.sum((x - OFFSET) ** 2)
+
+
+def test_fingerprint_is_equal_for_what_computes_the_same():
+    assert fingerprint(_scaled(2.0)).key == fingerprint(_scaled(2.0)).key
+    a = blackjax.nuts(_scaled(1.0), 0.5, jnp.ones(3))
+    b = blackjax.nuts(_scaled(1.0), 0.5, jnp.ones(3))
+    assert fingerprint(a).key == fingerprint(b).key and fingerprint(a).stable
+    same_code = lambda x: -0.5 * jnp.sum(x**2)  # noqa: E731
+    also = lambda x: -0.5 * jnp.sum(x**2)  # noqa: E731  (another line: line numbers don't count)
+    assert fingerprint(same_code).key == fingerprint(also).key
+    assert (
+        fingerprint(functools.partial(_scaled, 2.0)).key
+        == fingerprint(functools.partial(_scaled, 2.0)).key
+    )
+
+
+def test_fingerprint_differs_for_any_other_computation():
+    """Another closure constant, array value, code, default, setting or global value."""
+    keys = [
+        fingerprint(_scaled(2.0)).key,
+        fingerprint(_scaled(3.0)).key,
+        fingerprint(_scaled(np.float32(2.0))).key,  # another dtype
+        fingerprint(lambda x: -0.5 * jnp.sum(x**3)).key,
+        fingerprint(lambda x, s=1.0: x * s).key,
+        fingerprint(lambda x, s=2.0: x * s).key,
+        fingerprint(blackjax.nuts(_scaled(1.0), 0.5, jnp.ones(3))).key,
+        fingerprint(blackjax.nuts(_scaled(1.0), 0.5, jnp.full(3, 2.0))).key,
+        fingerprint(blackjax.nuts(_scaled(1.0), 0.4, jnp.ones(3))).key,
+        fingerprint(0.0).key,
+        fingerprint(-0.0).key,
+        fingerprint(True).key,
+        fingerprint(1).key,
+    ]
+    assert len(set(keys)) == len(keys)
+    before = fingerprint(_reads_global).key
+    global OFFSET
+    OFFSET = np.ones(3)
+    try:
+        assert fingerprint(_reads_global).key != before  # the data it reads changed
+    finally:
+        OFFSET = np.zeros(3)
+
+
+def test_unknown_objects_count_by_identity_and_are_not_stable():
+    class Holder:
+        pass
+
+    thing = Holder()
+    found = fingerprint(lambda x: x + 0 * id(thing))
+    assert not found.stable and thing in found.keep
+    assert stable_digest(lambda x: x) is not None and stable_digest(thing) is None
+    cyclic = []
+    cyclic.append(cyclic)
+    assert fingerprint(cyclic).stable  # a cycle is walked once
+
+
+def test_cache_rebuilds_when_an_earlier_source_changed():
+    """A cached value whose source no longer computes what it did is built anew."""
+    cache = FingerprintCache(4)
+    namespace = {"jnp": jnp}
+    exec("f = lambda x: jnp.sum(x)", namespace)
+    first = cache.get(("k", namespace["f"]), lambda: "first")
+    namespace.clear()  # as doctest clears a test's globals: the old f cannot run now
+    again = {"jnp": jnp}
+    exec("f = lambda x: jnp.sum(x)", again)
+    assert cache.get(("k", again["f"]), lambda: "second") == "second" != first
+
+
+# ---------------------------------------------------------------- one process
+
+
+def eight_schools(J, sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0, 5))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5))
+    with numpyro.plate("J", J):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("obs", dist.Normal(theta, sigma), obs=y)
+
+
+DATA = (8, np.array([15.0, 10, 16, 11, 9, 11, 10, 18]))
+Y = {"y": np.array([28.0, 8, -3, 7, -1, 1, 18, 12])}
+KW = {"num_warmup": 50, "num_chains": 2, "progress": False, "warn": False}
+
+
+def test_a_new_kernel_object_of_the_same_model_compiles_nothing():
+    """A notebook cell run again: cr.from_numpyro(NUTS(model), ...) written in it."""
+    first = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=DATA, model_kwargs=Y),
+                   jax.random.key(0), None, 50, **KW)  # fmt: skip
+    before = dict(_programs.trace_counts)
+    again = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=DATA, model_kwargs=Y),
+                   jax.random.key(0), None, 50, **KW)  # fmt: skip
+    assert _programs.trace_counts == before
+    assert np.array_equal(first.draws["mu"], again.draws["mu"])
+    # blackjax: a new algorithm object from the same log density and parameters
+    nuts = lambda: blackjax.nuts(_scaled(1.0), 0.5, jnp.ones(3))  # noqa: E731
+    cr.run(nuts(), jax.random.key(0), jnp.zeros((2, 3)), 20, progress=False, warn=False)
+    before = dict(_programs.trace_counts)
+    cr.run(nuts(), jax.random.key(1), jnp.zeros((2, 3)), 20, progress=False, warn=False)
+    assert _programs.trace_counts == before
+
+
+def test_another_setting_or_closure_constant_never_reuses_a_program():
+    run = functools.partial(cr.run, rng_key=jax.random.key(0), initial_position=jnp.zeros((2, 3)),
+                            num_samples=20, progress=False, warn=False)  # fmt: skip
+    one = run(blackjax.nuts(_scaled(1.0), 0.5, jnp.ones(3)))
+    before = dict(_programs.trace_counts)
+    other = run(blackjax.nuts(_scaled(5.0), 0.5, jnp.ones(3)))
+    assert _programs.trace_counts["chunk"] == before["chunk"] + 1
+    assert not np.array_equal(one.draws, other.draws)
+    before = dict(_programs.trace_counts)
+    cr.run(cr.from_numpyro(NUTS(eight_schools, target_accept_prob=0.9), model_args=DATA,
+                           model_kwargs=Y), jax.random.key(0), None, 50, **KW)  # fmt: skip
+    assert _programs.trace_counts["chunk"] == before["chunk"] + 1
+
+
+# ---------------------------------------------------------------- several processes
+
+SCRIPT = r"""
+import json, os, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
+from numpyro.infer import NUTS
+import chainrunner as cr
+from chainrunner.programs import _programs
+
+scale = float(sys.argv[1])
+
+def model(n):
+    with numpyro.plate("n", n):
+        numpyro.sample("x", dist.Normal(0.0, scale))
+
+checkpoint = sys.argv[2] if len(sys.argv) > 2 else None
+trace = cr.run(cr.from_numpyro(NUTS(model), model_args=(3,)), jax.random.key(0), None, 100,
+               num_warmup=100, num_chains=2, progress=False, warn=False, checkpoint=checkpoint)
+print(json.dumps({"traced": dict(_programs.trace_counts), "x": trace.draws["x"][:, -5:].tolist(),
+                  "compile_time": trace.attrs["compile_time"]}))
+"""
+
+
+def _process(folder, *args, off=False):
+    env = {**os.environ, "CHAINRUNNER_CACHE_DIR": str(folder), "JAX_PLATFORMS": "cpu"}
+    if off:
+        env["CHAINRUNNER_CACHE"] = "off"
+    done = subprocess.run([sys.executable, "-c", SCRIPT, *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_programs_without_tracing(tmp_path):
+    """Same script, second process: nothing traced, the same draws; another model constant
+    in a third: traced and compiled (never the first model's program); a damaged file is
+    compiled anew; a checkpoint written with a compiled program resumes with a loaded one."""
+    folder = tmp_path / "cache"
+    first = _process(folder, 1.0, tmp_path / "ckpt")
+    assert first["traced"]["init"] == 1 and first["traced"]["chunk"] == 1
+    files = sorted((folder / "programs").glob("*.bin"))
+    assert len(files) == 2
+    second = _process(folder, 1.0, tmp_path / "ckpt")  # the same run, from the checkpoint
+    assert second["traced"] == {"init": 0, "chunk": 0}
+    assert second["x"] == first["x"]
+    other = _process(folder, 3.0)
+    assert other["traced"]["chunk"] == 1 and other["x"] != first["x"]
+    for f in files:  # damaged (truncated) files: dropped, compiled anew, same draws
+        f.write_bytes(f.read_bytes()[:1000])
+    again = _process(folder, 1.0)
+    assert again["traced"]["chunk"] == 1 and again["x"] == first["x"]
+    off = _process(tmp_path / "unused", 1.0, off=True)  # CHAINRUNNER_CACHE=off: no folder
+    assert off["x"] == first["x"] and not (tmp_path / "unused").exists()
+
+
+def test_the_folder_stays_within_its_size_bound(tmp_path):
+    where = tmp_path / "programs"
+    where.mkdir()
+    for i in range(10):
+        (where / f"{i}.bin").write_bytes(b"x" * 1000)
+        os.utime(where / f"{i}.bin", (i, i))
+    _store.prune(str(where), 5000)
+    left = sorted(p.name for p in where.glob("*.bin"))
+    assert left == ["6.bin", "7.bin", "8.bin", "9.bin"]  # the most recently used
+
+
+def test_set_cache_arguments(tmp_path):
+    try:
+        assert cr.set_cache(tmp_path / "c") == str(tmp_path / "c" / "programs")
+        assert cr.set_cache(False) is None and _store.folder() is None
+        with pytest.raises(TypeError, match="max_bytes must be an int"):
+            cr.set_cache(True, max_bytes=1.5)
+        with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+            cr.set_cache(True, max_bytes=-1)
+        (tmp_path / "f").write_text("")
+        with pytest.raises(ValueError, match="is a file"):
+            cr.set_cache(tmp_path / "f")
+    finally:
+        cr.set_cache(True)
+    assert _store.folder() == os.path.join(os.environ["CHAINRUNNER_CACHE_DIR"], "programs")
