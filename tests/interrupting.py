@@ -10,6 +10,7 @@ class InterruptingBar:
 
     def __init__(self, *args, at=3, **kwargs):
         self.calls, self.at = 0, at
+        self.total, self.leave = None, True
 
     def update(self, n=1):
         self.calls += 1
@@ -20,6 +21,12 @@ class InterruptingBar:
         pass
 
     def set_postfix(self, *a, **k):
+        pass
+
+    def reset(self, total=None):
+        self.total = total
+
+    def refresh(self):
         pass
 
     def close(self):

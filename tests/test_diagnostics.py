@@ -286,22 +286,49 @@ nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.8, jnp.ones(2))
 x0 = np.zeros((2, 2), np.float32)
 cr.run(nuts, jax.random.key(0), x0, 20, progress=False, warn=False)
 assert "arviz" not in sys.modules and not _diagnostics._preload
-if sys.argv[1] == "run":
-    trace = cr.run(nuts, jax.random.key(0), x0, 20, progress=False)
+if sys.argv[1] == "run":  # diagnostics and the monitor need no ArviZ
+    trace = cr.run(nuts, jax.random.key(0), x0, 20, progress=False, monitor=True)
     assert trace.diagnostics.rhat
+    assert "arviz" not in sys.modules and not _diagnostics._preload
 else:  # sample converts to ArviZ data, whatever warn says
     data = cr.sample(nuts, jax.random.key(0), x0, 20, progress=False, warn=False)
     assert data.posterior["x"].shape == (2, 20, 2)
-assert [t.name for t in _diagnostics._preload] == ["chainrunner-import-arviz"]
-assert "arviz" in sys.modules
+    assert [t.name for t in _diagnostics._preload] == ["chainrunner-import-arviz"]
+    assert "arviz" in sys.modules
 print("ok")
 """
 
 
 @pytest.mark.parametrize("call", ["run", "sample"])
 def test_arviz_is_imported_in_the_background_only_when_needed(call):
+    """``run`` never imports ArviZ (2 s of a first call): its diagnostics are chainrunner's
+    vectorised ones; ``sample`` imports it while the programs compile."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", PRELOAD, call], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_rhat_and_ess_are_arvizs():
+    """The report's R-hat and bulk/tail ESS equal ArviZ's own (to round-off), per variable:
+    the worst element, integer draws as floats, a constant variable undefined (nan)."""
+    import arviz as az
+
+    rng = np.random.default_rng(3)
+    walk = rng.normal(size=(4, 300, 3)).cumsum(axis=1) * 0.2 + rng.normal(size=(4, 300, 3))
+    draws = {"w": walk, "k": rng.integers(0, 5, size=(4, 300)), "c": np.ones((4, 300))}
+    d = diagnose(cr.Trace(draws=draws, stats={}, final_state=None))
+    as_float = {k: np.asarray(v, float) for k, v in draws.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = {
+            "rhat": (az.rhat(as_float, method="rank"), np.nanmax),
+            "ess_bulk": (az.ess(as_float, method="bulk"), np.nanmin),
+            "ess_tail": (az.ess(as_float, method="tail"), np.nanmin),
+        }
+    for field, (ds, worst) in expected.items():
+        for name in ("w", "k"):
+            want = float(worst(np.asarray(ds[name].values, float)))
+            np.testing.assert_allclose(getattr(d, field)[name], want, rtol=1e-9)
+    assert np.isnan(d.rhat["c"])

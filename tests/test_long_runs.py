@@ -199,7 +199,7 @@ def test_monitor_shows_rhat_and_ess(capsys):
     cr.run(NUTS, jax.random.key(7), X0, 40, chunk_size=10, mesh=cr.chain_mesh(4),
            progress=True, monitor=True, warn=False)  # fmt: skip
     err = capsys.readouterr().err
-    assert "rhat=" in err and "ess=" in err
+    assert "rhat=" in err and "ess_bulk=" in err and "ess_tail=" in err
 
 
 def test_bad_long_run_options(tmp_path):

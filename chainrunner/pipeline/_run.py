@@ -228,26 +228,51 @@ def run(
         monitor=monitor, warn=warn, on_bad_init=on_bad_init, init_jitter=init_jitter,
         until=until, superchains=superchains, warmup_until=warmup_until,
     )  # fmt: skip
-    if plan.warn or plan.monitor:
-        preload_arviz()  # overlaps the compilation
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
-    with blas_threads(ctx.placed.mesh):  # on CPU: see layout/_blas.py
+    with _progress(plan) as bar, blas_threads(ctx.placed.mesh):  # blas: layout/_blas.py
         with _kernel_errors(start):
             if not start.cross_chain:  # (a cross-chain kernel's step needs adapted params)
                 check_keep_names(
                     start.kernel, plan.keep, start.position, start.state, start.num_chains
                 )
             init, ahead = _initialise(ctx)
-            warm = _warm_up(ctx, init.state)
+            warm = _warm_up(ctx, init.state, bar)
             sched = _schedule(ctx, warm)
             chunks, compile_time = _compile(ctx, sched, warm, ahead)
-        warm, sched = _burn_in(ctx, sched, warm, chunks)
-        sampled = _sample(ctx, sched, warm, chunks)
-    trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
+        warm, sched = _burn_in(ctx, sched, warm, chunks, bar)
+        sampled = _sample(ctx, sched, warm, chunks, bar)
+        trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
+        _checks(plan, trace, sampled, bar)
     _report(ctx, sched, trace, sampled)
     return trace
+
+
+@contextlib.contextmanager
+def _progress(plan: _plan.Plan) -> Iterator[Any]:
+    """The run's one progress bar, from its first call on: ``compiling`` (or loading the
+    compiled programs) until the first chunk runs, then ``warmup`` (of any kind: a
+    cross-chain warmup too) and ``sampling``, then ``diagnostics``. A run that fails or is
+    interrupted clears its bar (the error or the notice says where it stopped)."""
+    bar = progress_bar(plan.progress, plan.num_warmup + plan.num_samples, "compiling")
+    try:
+        yield bar
+    except BaseException:
+        bar.leave = False
+        raise
+    finally:
+        bar.close()
+
+
+def _checks(plan: _plan.Plan, trace: Trace, sampled: Sampled, bar: Any) -> None:
+    """The diagnostics the report will read, computed under the bar (it says so)."""
+    if sampled.interrupted:
+        bar.leave = False  # the notice says how far the run got
+    elif plan.warn:
+        bar.set_description("diagnostics")
+        bar.refresh()
+        _ = trace.diagnostics  # cached on the trace: the report reads it
 
 
 @contextlib.contextmanager
@@ -292,11 +317,16 @@ def _initialise(ctx: Run) -> tuple[Initialised, Any]:
     return init, getattr(hook, "ahead", None)
 
 
-def _warm_up(ctx: Run, state: Any) -> Warm:
-    """The adapter's cross-chain warmup, where the run has one; else the initial state."""
+def _warm_up(ctx: Run, state: Any, bar: Any) -> Warm:
+    """The adapter's cross-chain warmup, where the run has one; else the initial state.
+
+    It runs as one program: the bar says so, and moves past it when it is done.
+    """
     plan, adapter, start, placed = ctx
     if not start.cross_chain:
         return Warm(start.kernel, state, placed.params)
+    bar.set_description("warmup (across chains)")
+    bar.refresh()
     t0 = time.perf_counter()
     request = WarmupRequest(
         plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup,
@@ -309,12 +339,13 @@ def _warm_up(ctx: Run, state: Any) -> Warm:
             lambda x: x[:, plan.thinning - 1 :: plan.thinning], (draws, stats)
         )
     attrs = {**(out.attrs or {}), "warmup_time": time.perf_counter() - t0}
+    bar.update(plan.num_warmup)
     params = _start.replicate_params(out.kernel, placed.mesh)
     return Warm(out.kernel, out.state, params, draws, stats, attrs)
 
 
 def _burn_in(
-    ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks
+    ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks, bar: Any
 ) -> tuple[Warm, _loop.Schedule]:
     """``warmup_until``: the in-loop adaptation, then windows until the chains forgot their start.
 
@@ -327,15 +358,11 @@ def _burn_in(
         return warm, sched
     windows = _forget.Windows(chunks, start.num_chains, sched)
     ids = superchain_ids(start.num_chains, plan.superchains)
-    bar = progress_bar(
-        plan.progress, (sched.warmup_draws + target.max_draws) * plan.thinning, "warmup"
+    bar.reset(total=(sched.warmup_draws + target.max_draws) * plan.thinning)
+    bar.set_description("warmup")
+    out = _forget.burn_in(
+        windows, warm.state, sched.warmup_draws, target, ids, plan.keep_warmup, bar
     )
-    try:
-        out = _forget.burn_in(
-            windows, warm.state, sched.warmup_draws, target, ids, plan.keep_warmup, bar
-        )
-    finally:
-        bar.close()
     kept = _forget.join_warmup((warm.draws, warm.stats), out.kept) or (None, None)
     attrs = {**(warm.attrs or {}), **out.attrs(target, plan.thinning)}
     sched = sched.after_burn_in(out.loop_draws, plan.num_samples // plan.thinning)
@@ -416,11 +443,14 @@ def _restore(
     return first, state
 
 
-def _sample(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks) -> Sampled:
+def _sample(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks, bar: Any) -> Sampled:
     """Resumes from the checkpoint (if any), then runs the chunks into a ``Collector``."""
     plan, _, start, placed = ctx
     total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
-    bar = progress_bar(plan.progress, total, "warmup" if sched.warmup_draws else "sampling")
+    if plan.warmup_until is not None:  # after the burn-in: the bar counts the whole run
+        bar.reset(total=total)
+        bar.update(sched.first_step - start.first_step)
+    bar.set_description("warmup" if sched.warmup_draws else "sampling")
     ckpt = None
     try:
         ckpt = _open_checkpoint(ctx, sched, warm, chunks)
@@ -430,10 +460,9 @@ def _sample(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks) -
         collector.replay(first)
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
-        bar.update(first * plan.thinning + (sched.first_step - start.first_step))
+        bar.update(first * plan.thinning)
         looped = _loop.run_chunks(chunks, state, sched, collector, first)
     finally:
-        bar.close()
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
     resumed = first if ckpt is not None else None
     repaired = [name for name, _ in ckpt.repaired] if ckpt is not None else []

@@ -13,7 +13,9 @@ Arrays are ``(chain, draw, k)``: ``k`` columns, one per variable element.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -30,25 +32,53 @@ def split(x: np.ndarray) -> np.ndarray:
 def average_ranks(flat: np.ndarray) -> np.ndarray:
     """Ranks (1-based, ties averaged) of each column: ``scipy.stats.rankdata(method="average")``.
 
-    One argsort per column, vectorised (scipy loops over columns).
+    One argsort per column, vectorised (scipy loops over columns). Continuous draws have
+    few ties, if any (a folded draw may equal another): they are averaged where they are,
+    run by run; many ties (discrete values, stuck chains) take a vectorised pass.
     """
     cols = np.ascontiguousarray(flat.T)  # sorting along contiguous memory: ~3x faster
     n = cols.shape[1]
     order = np.argsort(cols, axis=1)  # ties are averaged: any order within them will do
     values = np.take_along_axis(cols, order, axis=1)
+    tied = values[:, 1:] == values[:, :-1]  # position p+1 ties with p
+    rank_at = np.broadcast_to(np.arange(1.0, n + 1), values.shape)
+    rows, at = np.nonzero(tied)
+    if rows.size > _FEW_TIES:
+        rank_at = _tied_ranks(values, tied)
+    elif rows.size:
+        rank_at = rank_at.copy()
+        _average_runs(rank_at, rows, at)
     ranks = np.empty(values.shape)
+    np.put_along_axis(ranks, order, rank_at, axis=1)
+    return ranks.T
+
+
+_FEW_TIES = 10_000
+
+
+def _average_runs(rank_at: np.ndarray, rows: np.ndarray, at: np.ndarray) -> None:
+    """Averages ``rank_at`` over each run of tied positions (``at``: position p ties with
+    p + 1, in row ``rows``), in place."""
+    new_run = np.ones(rows.size, bool)
+    new_run[1:] = (rows[1:] != rows[:-1]) | (at[1:] != at[:-1] + 1)
+    starts = np.flatnonzero(new_run)
+    ends = np.append(starts[1:], rows.size) - 1
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        row, first, last = rows[a], at[a], at[b] + 1  # positions first..last are tied
+        rank_at[row, first : last + 1] = (first + last) / 2 + 1
+
+
+def _tied_ranks(values: np.ndarray, tied: np.ndarray) -> np.ndarray:
+    """The average rank at every sorted position, vectorised (for many ties)."""
+    n = values.shape[1]
     starts = np.ones(values.shape, bool)
-    starts[:, 1:] = values[:, 1:] != values[:, :-1]
-    if starts.all():  # no ties (continuous draws): the ranks are the positions
-        np.put_along_axis(ranks, order, np.arange(1.0, n + 1)[None, :], axis=1)
-        return ranks.T
+    starts[:, 1:] = ~tied
     pos = np.arange(n)[None, :]
     ends = np.ones(values.shape, bool)
     ends[:, :-1] = starts[:, 1:]
     first = np.maximum.accumulate(np.where(starts, pos, 0), axis=1)
     last = np.minimum.accumulate(np.where(ends, pos, n)[:, ::-1], axis=1)[:, ::-1]
-    np.put_along_axis(ranks, order, (first + last) / 2 + 1, axis=1)
-    return ranks.T
+    return (first + last) / 2 + 1
 
 
 def z_scale(x: np.ndarray) -> np.ndarray:
@@ -75,14 +105,20 @@ def rhat(x: np.ndarray) -> np.ndarray:
     return np.maximum(_rhat(z_scale(s)), _rhat(z_scale(folded)))
 
 
-def _autocov(x: np.ndarray) -> np.ndarray:
-    """Autocovariances of every chain and column along the draws (FFT along contiguous draws)."""
+def _autocov(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean over chains of the autocovariances (n, k), each chain's variance (m, k))``.
+
+    ESS needs no chain's own autocovariances but at lag 0: the FFT is linear, so the
+    chains' power spectra are averaged before the one inverse FFT per column.
+    """
     n = x.shape[1]
     m = next_fast_len(2 * n)
     y = np.ascontiguousarray(np.moveaxis(x - x.mean(axis=1, keepdims=True), 1, 2))
     f = np.fft.rfft(y, n=m, axis=2)
-    f *= np.conjugate(f)
-    return np.moveaxis(np.fft.irfft(f, n=m, axis=2)[:, :, :n] / n, 2, 1)
+    power = np.square(f.real)
+    power += np.square(f.imag)
+    mean = np.fft.irfft(power.mean(axis=0), n=m, axis=1)[:, :n] / n
+    return mean.T, np.einsum("ckn,ckn->ck", y, y) / n
 
 
 def _tau(rho: np.ndarray, n: int) -> np.ndarray:
@@ -109,13 +145,13 @@ def _tau(rho: np.ndarray, n: int) -> np.ndarray:
 def ess(x: np.ndarray) -> np.ndarray:
     """Effective sample size of each column of ``x`` (ArviZ's ``_ess``)."""
     m, n, _ = x.shape
-    acov = _autocov(x)
-    mean_var = acov[:, 0].mean(axis=0) * n / (n - 1.0)
+    acov_mean, variances = _autocov(x)
+    mean_var = variances.mean(axis=0) * n / (n - 1.0)
     var_plus = mean_var * (n - 1.0) / n
     if m > 1:
         var_plus = var_plus + np.var(x.mean(axis=1), axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        rho = 1.0 - (mean_var - acov.mean(axis=0)) / var_plus
+        rho = 1.0 - (mean_var - acov_mean) / var_plus
     rho[0] = 1.0
     size = m * n
     tau = np.maximum(_tau(rho, n), 1 / np.log10(size))
@@ -189,7 +225,27 @@ def ess_tail(x: np.ndarray) -> np.ndarray:
 
 
 def rhat_and_ess(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rhat(x), ess_bulk(x), ess_tail(x))`` at once: each rank and FFT computed once."""
+    """``(rhat(x), ess_bulk(x), ess_tail(x))`` at once: each rank and FFT computed once.
+
+    Columns are independent: large arrays are cut into blocks of columns, computed on a
+    thread per core (numpy's sorts and FFTs release the GIL); the same numbers as one
+    pass, whatever the core count.
+    """
+    k = x.shape[2]
+    blocks = min(k, os.cpu_count() or 1, -(-x.size // _BLOCK_VALUES))
+    if blocks <= 1:
+        return _rhat_and_ess(x)
+    cuts = np.array_split(np.arange(k), blocks)
+    with concurrent.futures.ThreadPoolExecutor(blocks) as pool:
+        parts = list(pool.map(lambda cols: _rhat_and_ess(x[:, :, cols]), cuts))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+_BLOCK_VALUES = 1_000_000  # values of x below which one thread does it all
+
+
+def _rhat_and_ess(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rhat_and_ess`` on one thread."""
     k = x.shape[2]
     s = split(x)
     z = z_scale(s)
