@@ -90,38 +90,63 @@ def test_same_call_same_draws_split_or_whole():
     np.testing.assert_array_equal(first.draws[:, 50:], rest.draws)
 
 
-@pytest.mark.parametrize("rank", [10, None])
-def test_low_rank_estimate_is_blackjax_algorithm_1(rank):
-    from blackjax.adaptation.metric_estimators import fisher_score_low_rank
-
+def _correlated(d: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    d = 30
     q, _ = np.linalg.qr(rng.normal(size=(d, d)))
     cov = q @ np.diag(np.geomspace(0.01, 10.0, d)) @ q.T
-    x = (rng.multivariate_normal(np.zeros(d), cov, size=200) + 3.0).astype(np.float32)
-    g = -((x - 3.0) @ np.linalg.inv(cov)).astype(np.float32)
-    m = wf.CoMoments.empty(jnp.zeros(d))
+    x = (rng.multivariate_normal(np.zeros(d), cov, size=200) + 3.0).astype(dtype)
+    g = -((x - 3.0) @ np.linalg.inv(cov)).astype(dtype)
+    return x, g, cov
+
+
+def _dense(p, d):
+    s = np.diag(np.asarray(p.sigma, np.float64))
+    u, lam = np.asarray(p.U, np.float64), np.asarray(p.lam, np.float64)
+    return s @ (np.eye(d) + u @ np.diag(lam - 1) @ u.T) @ s
+
+
+def _ours(x, g, rank, d):
+    m = wf.CoMoments.empty(jnp.zeros(d, x.dtype))
     for xi, gi in zip(x, g, strict=True):
         m = m.add(jnp.asarray(xi), jnp.asarray(gi), jnp.bool_(True))
     m = m.add(jnp.asarray(x[0] + 100.0), jnp.asarray(g[0]), jnp.bool_(False))  # not counted
     # rank None: every direction (no subspace iteration, basis of width 0)
     width = 0 if rank is None else rank
-    start = jnp.stack([jnp.linalg.qr(jax.random.normal(jax.random.key(0), (d, width)))[0]] * 2)
+    basis = jax.random.normal(jax.random.key(0), (d, width), x.dtype)
+    start = jnp.stack([jnp.linalg.qr(basis)[0]] * 2)
     options = {**wf.LOW_RANK_OPTIONS, "max_rank": d if rank is None else rank}
+    return wf.low_rank_metric(m, start, options, iterations=50)[0], options
+
+
+@pytest.mark.parametrize("rank", [10, None])
+def test_low_rank_estimate_is_blackjax_algorithm_1(rank):
+    """In float64, nutpie's numbers: blackjax's ``fisher_score_low_rank`` of the draws."""
+    from blackjax.adaptation.metric_estimators import fisher_score_low_rank
+
+    d = 30
     assert wf.LOW_RANK_OPTIONS["max_rank"] is None  # nutpie's: every direction
-    ours, _ = wf.low_rank_metric(m, start, options, iterations=50)
-    ref = fisher_score_low_rank(jnp.asarray(x), jnp.asarray(g), options["max_rank"])
+    with jax.enable_x64(True):
+        x, g, _ = _correlated(d, np.float64)
+        ours, options = _ours(x, g, rank, d)
+        ref = fisher_score_low_rank(jnp.asarray(x), jnp.asarray(g), options["max_rank"])
+        np.testing.assert_allclose(ours.sigma, ref.sigma, rtol=1e-6)
+        assert np.abs(_dense(ours, d) - _dense(ref, d)).max() < 1e-5 * np.abs(_dense(ref, d)).max()
 
-    def dense(p):
-        s = np.diag(p.sigma)
-        return s @ (np.eye(d) + p.U @ np.diag(p.lam - 1) @ p.U.T) @ s
 
-    np.testing.assert_allclose(ours.sigma, ref.sigma, rtol=1e-4)
-    assert np.abs(dense(ours) - dense(ref)).max() < 2e-3 * np.abs(dense(ref)).max()
+def test_low_rank_estimate_in_float32_is_near_float64s():
+    """In float32 the regularisation is kept within float32's resolution
+    (``float32_regularisation``): the metric stays within a few percent of float64's."""
+    d = 30
+    x, g, _ = _correlated(d, np.float32)
+    ours, _ = _ours(x, g, None, d)
+    with jax.enable_x64(True):
+        ref, _ = _ours(x.astype(np.float64), g.astype(np.float64), None, d)
+    assert np.isfinite(np.asarray(ours.lam)).all()
+    assert np.abs(_dense(ours, d) - _dense(ref, d)).max() < 0.05 * np.abs(_dense(ref, d)).max()
 
 
 def test_rank_of():
-    assert wf.rank_of({"max_rank": None}, 100, jnp.float32) == wf.FLOAT32_RANK
+    assert wf.rank_of({"max_rank": None}, 100, jnp.float32) == 100  # float32 too
     assert wf.rank_of({"max_rank": None}, 100, np.float64) == 100
     assert wf.rank_of({"max_rank": None}, 300, np.float64) == wf.FULL_RANK_LIMIT == 100
     assert wf.rank_of({"max_rank": 30}, 12, jnp.float32) == 12

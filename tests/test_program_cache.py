@@ -157,6 +157,10 @@ SCRIPT = r"""
 import json, os, sys
 import jax
 jax.config.update("jax_num_cpu_devices", 2)
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+)
 import jax.numpy as jnp, numpy as np, numpyro, numpyro.distributions as dist
 from numpyro.infer import NUTS
 import chainrunner as cr
@@ -168,11 +172,13 @@ def model(n):
     with numpyro.plate("n", n):
         numpyro.sample("x", dist.Normal(0.0, scale))
 
-checkpoint = sys.argv[2] if len(sys.argv) > 2 else None
-trace = cr.run(cr.from_numpyro(NUTS(model), model_args=(3,)), jax.random.key(0), None, 100,
-               num_warmup=100, num_chains=2, progress=False, warn=False, checkpoint=checkpoint)
+checkpoint = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+options = {"adaptation": sys.argv[3]} if len(sys.argv) > 3 else {}
+trace = cr.run(cr.from_numpyro(NUTS(model), model_args=(3,), **options), jax.random.key(0),
+               None, 100, num_warmup=100, num_chains=2, progress=False, warn=False,
+               checkpoint=checkpoint)
 print(json.dumps({"traced": dict(_programs.trace_counts), "x": trace.draws["x"][:, -5:].tolist(),
-                  "compile_time": trace.attrs["compile_time"]}))
+                  "compile_time": trace.attrs["compile_time"], "jax_cache_hits": len(hits)}))
 """
 
 
@@ -206,6 +212,26 @@ def test_a_second_process_loads_the_programs_without_tracing(tmp_path):
     assert again["traced"]["chunk"] == 1 and again["x"] == first["x"]
     off = _process(tmp_path / "unused", 1.0, off=True)  # CHAINRUNNER_CACHE=off: no folder
     assert off["x"] == first["x"] and not (tmp_path / "unused").exists()
+
+
+def test_programs_with_lapack_kernels_come_from_jaxs_cache(tmp_path):
+    """A program calling LAPACK (the low-rank Fisher adaptation's eigh, qr) is not stored
+    serialized (loaded so in a new process, such a program crashed it): a second process
+    traces it and finds its compiled code in JAX's persistent cache, in chainrunner's
+    folder; JAX's own settings are back as they were after the run."""
+    folder = tmp_path / "cache"
+    first = _process(folder, 1.0, "-", "fisher_low_rank")
+    second = _process(folder, 1.0, "-", "fisher_low_rank")
+    assert second["x"] == first["x"]
+    assert second["traced"]["chunk"] == 1 and second["jax_cache_hits"] >= 1
+    assert any((folder / "jax").iterdir())
+
+
+def test_jax_settings_are_restored_after_a_run():
+    nuts = blackjax.nuts(_scaled(2.0), 0.5, jnp.ones(3))
+    before = jax.config.jax_compilation_cache_dir
+    cr.run(nuts, jax.random.key(0), jnp.zeros((2, 3)), 10, progress=False, warn=False)
+    assert jax.config.jax_compilation_cache_dir == before is None
 
 
 def test_the_folder_stays_within_its_size_bound(tmp_path):

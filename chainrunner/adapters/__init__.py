@@ -34,18 +34,65 @@ def from_numpyro(
     algorithm: Any = None,
     **options: Any,
 ) -> Any:
-    """Wraps a numpyro ``MCMCKernel`` (or a model function: NUTS) for ``cr.run``.
+    """A numpyro kernel or model for ``cr.run``: numpyro's own adaptation, or chainrunner's.
 
-    With ``adaptation=None`` (the default) numpyro's kernel runs as it is, with numpyro's
-    own adaptation: see ``chainrunner.adapters._numpyro.from_numpyro``. With
-    ``adaptation=`` (any name or adaptation ``cr.from_blackjax`` takes: nutpie's
-    ``"fisher_low_rank"``, Stan's ``"window"``, ``"chees"``, ``"pathfinder"``, ...) the
-    model's log density is sampled by blackjax (``algorithm``: the factory, by default
-    the adaptation's own, ``blackjax.nuts`` for the HMC family) with that adaptation and
-    its ``**options``, as ``cr.from_pymc`` does; starts, draws and ArviZ data stay
-    numpyro's: see ``chainrunner.adapters._numpyro_model``. A ``NUTS(model, ...)``'s
-    ``target_accept_prob``, ``max_tree_depth``, ``dense_mass`` (window only) and
-    ``init_strategy`` carry over; its other settings are an error there.
+    With ``adaptation=None`` (the default) numpyro's kernel runs as it is (``NUTS``,
+    ``HMC``, ``BarkerMH``, ``SA``, the ensemble kernels ``AIES`` and ``ESS`` with their
+    walkers as chains, ...), its own adaptation during ``cr.run``'s ``num_warmup``
+    steps. Chains start from numpyro's init strategy (``cr.run(kernel, key, None, n,
+    num_chains=...)``) or from constrained values ``{site: array with a leading chain
+    axis}``; draws are constrained and include deterministic sites; stats use ArviZ
+    names (``lp`` = -potential energy, ``acceptance_rate``, ``diverging``, ``n_steps``,
+    ``tree_depth``, ``energy``, ``step_size``). The array leaves of the model arguments
+    are inputs of the compiled program (new data of the same shapes reuse it); other
+    leaves (Python numbers, strings) are constants of it.
+
+    With ``adaptation=`` the model's log density (numpyro's potential energy, in the
+    unconstrained space) is sampled by blackjax (``algorithm``, by default the
+    adaptation's own factory: ``blackjax.nuts`` for the HMC family) with any adaptation
+    ``cr.from_blackjax`` takes: nutpie's ``"fisher_low_rank"`` (the default of
+    ``cr.from_pymc``: on the four models of ``benchmarks/bench_numpyro_fisher.py`` it
+    gets several times numpyro's ESS per gradient on correlated posteriors), ``"fisher"``,
+    Stan's ``"window"``, ``"chees"``, ``"pathfinder"``, ... and its ``**options``. Starts,
+    draws and ArviZ data stay numpyro's. A ``NUTS(model, ...)``'s ``target_accept_prob``,
+    ``max_tree_depth``, ``dense_mass`` (``"window"`` only) and ``init_strategy`` carry
+    over; its other settings (a step size, a mass matrix, ...) are an error. The model's
+    data are then constants of the compiled programs (new data compile anew).
+
+    A new ``NUTS(model)`` of the same model, data and settings (a notebook cell run
+    again) reuses the compiled programs; another model, constant or setting never does
+    (``docs/compilation.md``).
+
+    Args:
+        kernel: a numpyro ``MCMCKernel``, a model function (run with ``NUTS``), or a
+            ``NumpyroKernel`` from an earlier call (rebound to the new arguments).
+        model_args: positional arguments of the model.
+        model_kwargs: keyword arguments of the model.
+        log_likelihood: also compute the pointwise log likelihood of the observed sites
+            at every draw (ArviZ's ``log_likelihood`` group, for LOO/WAIC).
+        data: how the model's array arguments enter the compiled program: ``"inputs"``
+            (arguments: new data of the same shapes reuse it), ``"constants"`` (closed
+            over, as numpyro's ``MCMC`` does by default: for models that run numpy on
+            their data), or ``"auto"`` (inputs if the model traces with its data as
+            inputs, else constants). With ``adaptation=``: constants (``"inputs"`` is an
+            error).
+        adaptation: ``None`` (numpyro's own), or a name or adaptation function that
+            ``cr.from_blackjax`` takes (``docs/warmup.md``).
+        algorithm: with ``adaptation``, the blackjax factory (``None``: the adaptation's
+            own, ``blackjax.nuts`` for the HMC family).
+        **options: with ``adaptation``, its options (``cr.from_blackjax``), e.g.
+            ``target_acceptance_rate=0.9`` or ``max_rank=20``.
+
+    Returns:
+        A ``NumpyroKernel`` (numpyro's adaptation) or a ``NumpyroModel``
+        (``adaptation=``): pass it to ``cr.run`` / ``cr.sample``.
+
+    Raises:
+        TypeError: for anything else than the above, a model that cannot take its
+            arguments, options without ``adaptation``, or a kernel ``adaptation`` cannot
+            run (numpyro's ``HMC``, ``SA``, ...: pass ``NUTS(model)`` or the model).
+        ValueError: for NUTS settings chainrunner's adaptation replaces, discrete latent
+            sites with ``adaptation``, or a bad ``data``.
 
     Examples:
         >>> import jax, numpyro, numpyro.distributions as dist

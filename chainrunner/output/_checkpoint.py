@@ -89,9 +89,9 @@ def _atomic_write(path: str, write) -> dict[str, int]:
     return record
 
 
-def fingerprint(program_text: str, params: Any) -> str:
-    """A hash of the compiled chunk program and of the kernel's parameter values."""
-    h = hashlib.sha256(program_text.encode())
+def fingerprint(program: str, params: Any) -> str:
+    """A hash of the chunk program (its text's digest) and of the kernel's parameter values."""
+    h = hashlib.sha256(program.encode())
     for leaf in jax.tree.leaves(params):
         h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
     return h.hexdigest()

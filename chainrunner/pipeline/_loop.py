@@ -168,8 +168,10 @@ class Chunks(NamedTuple):
         """The program's outputs: ``(state, (draws, stats))`` as shape structs."""
         return self.program.out_info
 
-    def as_text(self) -> str:
-        return self.program.as_text()
+    @property
+    def digest(self) -> str:
+        """The digest of the program's lowered text: what names it in every process."""
+        return self.program.digest
 
 
 @functools.lru_cache(maxsize=256)

@@ -45,6 +45,7 @@ from ..output._diagnostics import (
 )
 from ..output._trace import Trace
 from ..programs._programs import check_keep_names
+from ..programs._store import jax_cache
 from ..stopping._convergence import tail_probs
 from ..stopping._until import Converged, Forgotten, Until, superchain_ids
 from . import _forget, _loop, _plan, _start
@@ -231,7 +232,7 @@ def run(
     adapter = as_adapter(kernel, "run")
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
-    with _progress(plan) as bar, blas_threads(ctx.placed.mesh):  # blas: layout/_blas.py
+    with _progress(plan) as bar, blas_threads(ctx.placed.mesh), jax_cache():
         with _kernel_errors(start):
             if not start.cross_chain:  # (a cross-chain kernel's step needs adapted params)
                 check_keep_names(
@@ -410,7 +411,7 @@ def _open_checkpoint(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.
     config = {
         **describe(ctx, sched),
         "fingerprint": _checkpoint.fingerprint(
-            chunks.as_text(), _distributed.to_host(warm.kernel.params)
+            chunks.digest, _distributed.to_host(warm.kernel.params)
         ),
         "state": _checkpoint.describe_state(warm.state),
     }

@@ -93,14 +93,15 @@ def compiled(
 
 
 def _compile(program: Any, args: tuple, on_traced: Any, identity: tuple | None) -> Any:
-    """Loaded from the cache folder by ``identity``, or traced, lowered and then loaded by
-    its text or compiled (and stored). Programs whose arguments are not all on one mesh
-    are not stored (what devices they run on is not known before compiling)."""
+    """The ``_store.Program`` for ``args``: loaded from the cache folder by ``identity``,
+    or traced, lowered and compiled (JAX's persistent cache, on during a run, may serve
+    the compile: ``_store.jax_cache``), then stored by ``identity``. Programs whose
+    arguments are not all on one mesh are not stored (their devices are not known before
+    compiling)."""
     devices = mesh_devices(args)
-    words = stable_signature(args)
-    stored = devices is not None and _store.folder() is not None
-    name = _store.key("identity", identity, words) if stored and identity is not None else None
-    if name is not None:
+    name = None
+    if identity is not None and devices is not None and _store.folder() is not None:
+        name = _store.key("identity", identity, stable_signature(args))
         loaded = _store.load(name, devices)
         if loaded is not None:
             if on_traced is not None:
@@ -111,16 +112,11 @@ def _compile(program: Any, args: tuple, on_traced: Any, identity: tuple | None) 
     if on_traced is not None:
         on_traced(traced.out_info)
     lowered = traced.lower()
-    if stored and name is None:
-        text = hashlib.blake2b(lowered.as_text().encode()).hexdigest()
-        name = _store.key("text", text, words)
-        loaded = _store.load(name, devices)
-        if loaded is not None:
-            return loaded
-    executable = lowered.compile()
+    digest = hashlib.blake2b(lowered.as_text().encode(), digest_size=20).hexdigest()
+    compiled = _store.Program(lowered.compile(), digest)
     if name is not None:
-        _store.save(name, executable, devices)
-    return executable
+        _store.save(name, compiled, devices)
+    return compiled
 
 
 def mesh_devices(args: Any) -> list | None:

@@ -1,37 +1,41 @@
 """Compiled programs kept on disk, so that the next process does not compile them again.
 
-chainrunner's own cache folder (never JAX's configuration): ``$CHAINRUNNER_CACHE_DIR``,
-else the platform's cache folder (``~/.cache/chainrunner`` on Linux,
-``~/Library/Caches/chainrunner`` on macOS, ``%LOCALAPPDATA%\\chainrunner\\Cache`` on
-Windows). ``CHAINRUNNER_CACHE=off`` (or ``cr.set_cache(False)``) turns it off.
+chainrunner's own cache folder: ``$CHAINRUNNER_CACHE_DIR``, else the platform's cache
+folder (``~/.cache/chainrunner`` on Linux, ``~/Library/Caches/chainrunner`` on macOS,
+``%LOCALAPPDATA%\\chainrunner\\Cache`` on Windows). ``CHAINRUNNER_CACHE=off`` (or
+``cr.set_cache(False)``) turns it off. Two kinds of entries:
 
-Each entry is one compiled executable (``jax.experimental.serialize_executable``), with the
-trees of its arguments and results and the program's text (the checkpoint's identity),
-under a key of two kinds:
-
-- **by identity**, where the kernel has one the same in every process
+- ``programs/``: compiled executables (``jax.experimental.serialize_executable``) with the
+  trees of their arguments and results and the digest of the program's text, stored
+  **by identity** where the kernel has one that means the same in every process
   (``Kernel.identity``: a fingerprint of the model or log density, its data and
-  options): the key is that identity, the program's layout and argument shapes, and this
-  process's setting (``environment``): a hit skips tracing, lowering and compiling;
-- **by program text** otherwise (a PyMC model, a kernel holding objects chainrunner
-  cannot look into): after tracing and lowering, the lowered text's digest: a hit skips
-  XLA's compile only.
+  options), with the program's layout and argument shapes: a hit skips tracing, lowering
+  and compiling. Programs that call a custom kernel (LAPACK's ``eigh``, ``qr``,
+  ``cholesky``, ...) are not stored so: measured, such an executable loaded in a new
+  process crashed it (jaxlib sets its LAPACK kernels up when it lowers them).
+- ``jax/``: JAX's own persistent compilation cache, turned on for the duration of each
+  ``run`` (``jax_cache``) unless you configured one: every other program (a PyMC model,
+  a kernel holding objects without a fingerprint, programs with custom kernels, warmup
+  programs) is traced and lowered, then found there by JAX's key of its text.
 
-``environment`` is part of every key: the versions of Python, jax, jaxlib, numpyro,
-blackjax and PyMC (and, for a library installed from a source folder, the times its files
-changed), a digest of chainrunner's own source, the devices (platform, kind, ids, the
-CPU's model and flags) and the ``XLA_FLAGS``, and JAX's settings that change a trace.
+``environment`` is part of every identity key: the versions of Python, jax, jaxlib,
+numpyro, blackjax and PyMC (and, for a library installed from a source folder, the
+times its files changed), a digest of chainrunner's own source, the devices (platform,
+kind, ids, the CPU's model and flags), ``XLA_FLAGS``, and JAX's settings that change a
+trace.
 
 Files are written atomically (a temporary file, then a rename), so processes sharing the
-folder never read half a file; each starts with a digest of its contents, and a file
-that does not match it, or fails to load, is deleted and compiled anew. After a write the
-least recently used files go until the folder is under its size bound
-(``CHAINRUNNER_CACHE_MAX_BYTES``, 2 GiB by default). Loading a file runs pickled code: the
-folder is yours, keep it so (as for JAX's own persistent cache).
+folder never read half a file; each ``programs/`` file starts with a digest of its
+contents, and one that does not match it, or fails to load, is deleted and compiled anew.
+After each run the least recently used (``programs/``) or written (``jax/``) files go
+until each is under its share of the size bound (``CHAINRUNNER_CACHE_MAX_BYTES``, 2 GiB
+by default, half each). Loading a file runs pickled code: the folder is yours, keep it
+so (as for JAX's own persistent cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -40,12 +44,12 @@ import platform
 import sys
 import tempfile
 import threading
-import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
-__all__ = ["folder", "key", "load", "save", "set_cache", "trace_settings"]
+__all__ = ["Program", "folder", "jax_cache", "key", "load", "save", "set_cache", "trace_settings"]
 
 _MAGIC = b"chainrunner-program-1\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -65,15 +69,21 @@ def platform_cache_dir() -> str:
     return os.path.join(base, "chainrunner")
 
 
+def base() -> str | None:
+    """chainrunner's cache folder, or ``None`` when off."""
+    if "folder" in _SETTING:
+        found = _SETTING["folder"]
+    elif os.environ.get("CHAINRUNNER_CACHE", "").strip().lower() in _OFF:
+        found = None
+    else:
+        found = os.environ.get("CHAINRUNNER_CACHE_DIR") or platform_cache_dir()
+    return None if found is None else os.path.abspath(found)
+
+
 def folder() -> str | None:
     """Where compiled programs are kept (``<cache folder>/programs``), or ``None`` when off."""
-    if "folder" in _SETTING:
-        base = _SETTING["folder"]
-    elif os.environ.get("CHAINRUNNER_CACHE", "").strip().lower() in _OFF:
-        base = None
-    else:
-        base = os.environ.get("CHAINRUNNER_CACHE_DIR") or platform_cache_dir()
-    return None if base is None else os.path.join(os.path.abspath(base), "programs")
+    where = base()
+    return None if where is None else os.path.join(where, "programs")
 
 
 def max_bytes() -> int:
@@ -140,22 +150,20 @@ def set_cache(
     return folder()
 
 
-class Loaded:
-    """A program loaded from the folder: called and described as the compiled one was."""
+class Program:
+    """A compiled program, and the digest of its lowered text: what names it wherever it
+    was compiled or loaded from (a checkpoint's identity; the optimised text of an
+    executable loaded from disk differs from a fresh one's in its metadata)."""
 
-    def __init__(self, compiled: Any, text: str):
-        self._compiled, self._text = compiled, text
+    def __init__(self, executable: Any, digest: str):
+        self.executable, self.digest = executable, digest
 
     def __call__(self, *args: Any) -> Any:
-        return self._compiled(*args)
+        return self.executable(*args)
 
     @property
     def out_info(self) -> Any:
-        return self._compiled.out_info
-
-    def as_text(self) -> str:
-        """The text of the program as it was compiled (the checkpoint's identity)."""
-        return self._text
+        return self.executable.out_info
 
 
 def key(*parts: Any) -> str:
@@ -164,7 +172,7 @@ def key(*parts: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=24).hexdigest()
 
 
-def load(name: str, devices: list) -> Loaded | None:
+def load(name: str, devices: list) -> Program | None:
     """The program stored under ``name`` for ``devices`` (the mesh's, in order: the key
     names them too), or ``None`` (missing, off, damaged: dropped)."""
     where = folder()
@@ -186,7 +194,7 @@ def load(name: str, devices: list) -> Loaded | None:
             entry["executable"], entry["in_tree"], entry["out_tree"],
             execution_devices=devices,
         )  # fmt: skip
-        loaded = Loaded(compiled, zlib.decompress(entry["text"]).decode())
+        loaded = Program(compiled, entry["digest"])
     except Exception:  # damaged, or of a JAX that cannot read it: compiled anew
         _remove(path)
         return None
@@ -197,26 +205,29 @@ def load(name: str, devices: list) -> Loaded | None:
     return loaded
 
 
-def save(name: str, compiled: Any, devices: list) -> None:
-    """Stores ``compiled`` (for ``devices``) under ``name`` (atomically), then prunes the
+def save(name: str, program: Program, devices: list) -> None:
+    """Stores ``program`` (for ``devices``) under ``name`` (atomically), then prunes the
     folder to its bound.
 
-    A program that cannot be serialized (JAX's ``serialize`` refuses some; trees of
-    classes that cannot be pickled) is not stored: it compiles in every process.
+    Not stored (JAX's persistent cache, ``jax_cache``, keeps it): a program that calls a
+    custom kernel (see the module's docstring), or that cannot be serialized (JAX's
+    ``serialize`` refuses some; trees of classes that cannot be pickled).
     """
     where = folder()
     if where is None or jax.process_count() > 1:
         return
     try:
+        if "custom_call_target" in program.executable.as_text():
+            return
         from jax.experimental import serialize_executable
 
-        executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+        executable, in_tree, out_tree = serialize_executable.serialize(program.executable)
         entry = {
             "executable": executable,
             "in_tree": in_tree,
             "out_tree": out_tree,
             "devices": [d.id for d in devices],
-            "text": zlib.compress(compiled.as_text().encode()),
+            "digest": program.digest,
         }
         payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -230,7 +241,7 @@ def save(name: str, compiled: Any, devices: list) -> None:
         os.replace(tmp, os.path.join(where, name + ".bin"))
     except OSError:  # a full disk or a read-only folder: no cache, no failure
         return
-    prune(where, max_bytes())
+    prune(where, max_bytes() // 2)
 
 
 def _unpack(data: bytes) -> dict:
@@ -242,12 +253,13 @@ def _unpack(data: bytes) -> dict:
     return pickle.loads(payload)
 
 
-def prune(where: str, bound: int) -> None:
-    """Removes the least recently used entries until the folder holds at most ``bound``
-    bytes (a little under, so that it is not pruned at every write)."""
+def prune(where: str, bound: int, suffix: str = ".bin") -> None:
+    """Removes the least recently used (or written) files ending in ``suffix`` until the
+    folder holds at most ``bound`` bytes of them (a little under, so that it is not
+    pruned at every write)."""
     with _lock:
         try:
-            entries = [e for e in os.scandir(where) if e.name.endswith(".bin")]
+            entries = [e for e in os.scandir(where) if e.name.endswith(suffix)]
             stats = [(e.stat().st_mtime, e.stat().st_size, e.path) for e in entries]
         except OSError:
             return
@@ -259,6 +271,63 @@ def prune(where: str, bound: int) -> None:
             total -= size
             if total <= 0.8 * bound:
                 break
+
+
+_JAX_OPTIONS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+_jax_users: list[Any] = []  # the runs inside jax_cache now; [0]: JAX's settings before
+_jax_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def jax_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache in ``<cache folder>/jax`` while a run compiles.
+
+    Unless chainrunner's folder is off, or JAX already has a cache folder (yours: then
+    that one serves), this sets ``jax_compilation_cache_dir`` to it,
+    ``jax_persistent_cache_min_compile_time_secs`` to 0.1 and
+    ``jax_persistent_cache_min_entry_size_bytes`` to 0 on entry, and on exit (of the last
+    run, where several run at once on threads) puts the three back as they were and
+    resets JAX's cache object (``compilation_cache.reset_cache()``), so that your own
+    programs outside runs are never cached there. While a run is inside it, programs
+    that other threads compile are cached there too. The ``jax/`` folder is pruned to
+    half of ``max_bytes()`` after each run.
+    """
+    where = base()
+    if where is None or jax.process_count() > 1:
+        yield
+        return
+    with _jax_lock:
+        if not _jax_users:
+            if jax.config.jax_compilation_cache_dir is not None:  # the user's: serves as is
+                _jax_users.append(None)
+            else:
+                _jax_users.append({k: getattr(jax.config, k) for k in _JAX_OPTIONS})
+                jax.config.update("jax_compilation_cache_dir", os.path.join(where, "jax"))
+                jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+                jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        _jax_users.append(True)
+    try:
+        yield
+    finally:
+        with _jax_lock:
+            _jax_users.pop()
+            if len(_jax_users) == 1:
+                _leave_jax_cache(_jax_users.pop(), os.path.join(where, "jax"))
+
+
+def _leave_jax_cache(saved: dict | None, where: str) -> None:
+    if saved is None:
+        return
+    from jax.experimental.compilation_cache import compilation_cache
+
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+    prune(where, max_bytes() // 2, suffix="-cache")
 
 
 def _remove(path: str) -> None:

@@ -88,9 +88,10 @@ def from_blackjax(
       ``window_growth=1.5``, ``step_size_jitter=0.1``, ``update_freq=1`` (draws between
       mass-matrix updates, besides every switch; 10 for the low rank, whose update costs
       more); for the low rank ``max_rank=None`` (nutpie's: every direction outside the
-      cutoff, up to 100, in float64; 10 in float32; an integer caps it),
-      ``gamma=1e-5``, ``eigenvalue_cutoff=2.0``; other options go to the factory. The
-      factory's state must carry ``logdensity_grad`` (blackjax's HMC family does).
+      cutoff, up to 100; an integer caps it), ``gamma=1e-5`` (in float32 at least
+      ``3e-3`` of the covariances' scale, float32's resolution),
+      ``eigenvalue_cutoff=2.0``; other options go to the factory. The factory's state
+      must carry ``logdensity_grad`` (blackjax's HMC family does).
       ``cr.from_pymc``'s default is ``"fisher_low_rank"``. With ``pooled=True``
       (``_warmup_pooled``) the same schedule adapts one step size and mass matrix from
       the draws of **all** chains, before sampling, spread over the devices like ChEES

@@ -65,25 +65,23 @@ seeds: the dense 100-d Gaussian 186 with every direction, 14 with 10 (nutpie: 16
 radon-like 89-d model 126 against 106 (nutpie: 133). ``update_freq``: nutpie updates
 after every draw; here every 10th and at every switch (dense 100-d Gaussian: 176
 effective draws per 1000 gradients at 10, 182 at 1, in a quarter of the time)."""
-FLOAT32_RANK = 10
 FULL_RANK_LIMIT = 100
 
 
 def rank_of(options: dict, dim: int, dtype: Any) -> int:
     """The number of directions the low-rank metric keeps, a constant of the program.
 
-    ``max_rank=None`` (the default) is nutpie's: every direction outside the cutoff, in
-    float64 up to ``FULL_RANK_LIMIT`` (the metric's cost per leapfrog step and its
-    updates grow with ``dim x rank``, its eigendecompositions with ``rank³``). In
-    float32 it is ``FLOAT32_RANK``: the regularised
-    covariances span ``1`` to ``n Var/gamma`` (``1e8`` and more), which float32's
-    eigendecompositions cannot resolve at their small end; measured on the dense 100-d
-    Gaussian, 50 or 100 directions in float32 left the chains stuck (ESS per 1000
-    gradients 0.01), where 100 in float64 gave 186 (nutpie: 168).
+    ``max_rank=None`` (the default) is nutpie's: every direction outside the cutoff, up
+    to ``FULL_RANK_LIMIT`` (the metric's cost per leapfrog step and its updates grow with
+    ``dim x rank``, its eigendecompositions with ``rank³``); an integer caps it. In
+    float32 this holds since the regularisation is kept within float32's resolution
+    (``float32_regularisation``): before, 50 or 100 directions left the chains of the
+    dense 100-d Gaussian stuck, and float32 was capped at 10 (ESS per 1000 gradients 14,
+    where every direction gives 145 in float32 and 199 in float64).
     """
     rank = options.get("max_rank")
     if rank is None:
-        rank = FULL_RANK_LIMIT if jnp.dtype(dtype) == jnp.float64 else FLOAT32_RANK
+        rank = FULL_RANK_LIMIT
     return min(int(rank), int(dim))
 
 
@@ -300,7 +298,7 @@ def _leading(gram: jax.Array, start: jax.Array, iterations: int) -> jax.Array:
 def _spd_mean(a: jax.Array, b: jax.Array) -> jax.Array:
     """The geometric mean ``a # b⁻¹`` of SPD matrices (``b^-½ (b^½ a b^½)^½ b^-½``)."""
     vals, vecs = jnp.linalg.eigh(b)
-    vals = jnp.maximum(vals, 1e-12 * jnp.max(vals))
+    vals = jnp.maximum(vals, _FLOOR[jnp.dtype(vals.dtype).name] * jnp.max(vals))
     root = (vecs * jnp.sqrt(vals)) @ vecs.T
     # rsqrt, not a division by sqrt: XLA rewrote the division into rsqrt in some programs
     # and not in others, and the two round differently (1 device against 2, pooled).
@@ -308,6 +306,37 @@ def _spd_mean(a: jax.Array, b: jax.Array) -> jax.Array:
     mvals, mvecs = jnp.linalg.eigh(root @ a @ root)
     mroot = (mvecs * jnp.sqrt(jnp.maximum(mvals, 0.0))) @ mvecs.T
     return inv_root @ mroot @ inv_root
+
+
+_FLOOR = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2}
+"""The smallest eigenvalue kept, relative to the largest, per dtype (below it: rounding)."""
+FLOAT32_GAMMA = 3e-3
+"""In float32, ``gamma`` is at least this times ``min(1, dim / draws)`` times the largest
+diagonal of the scaled covariances (``float32_regularisation``)."""
+
+
+def float32_regularisation(gamma: float, p_x: jax.Array, p_a: jax.Array,
+                           draws: jax.Array) -> jax.Array:  # fmt: skip
+    """In float32, nutpie's ``gamma``, or ``FLOAT32_GAMMA x min(1, dim / draws)`` of the
+    covariances' scale if more.
+
+    ``P + gamma I`` with nutpie's ``gamma = 1e-5`` against covariances of the order of the
+    number of draws is below float32's resolution (``1e-7`` relative): the regularisation
+    vanished in rounding, and in the early windows (fewer draws than dimensions) the
+    metric went wrong: measured on eight schools in float32 (numpyro's default), warmup
+    took 20x the gradients of float64's, the step size falling to 0.03. Chosen from a
+    sweep in float32 (``benchmarks/bench_numpyro_fisher.py``'s models, one seed, ESS per
+    1000 sampling gradients; float64: eight schools 95, radon-like 137, dense 100-d
+    Gaussian 199, logistic 217). A constant share: at ``3e-3`` 73, 133, 145, 231; at
+    ``1e-3`` the radon-like model's warmup took 10x the gradients (one chain in four at
+    the tree depth limit for 350 draws: its early windows hold fewer draws than its 89
+    dimensions); at ``1e-2`` the dense Gaussian fell to 92. Strong while the windows hold
+    fewer draws than dimensions and weaker as they fill (the rule): 77, 144, 174, 240,
+    every warmup within 1.2x of float64's gradients. float64 uses nutpie's ``gamma``.
+    """
+    scale = jnp.maximum(jnp.max(jnp.diagonal(p_x)), jnp.max(jnp.diagonal(p_a)))
+    share = jnp.minimum(1.0, p_x.shape[0] / jnp.maximum(draws, 1.0))
+    return jnp.maximum(jnp.asarray(gamma, p_x.dtype), FLOAT32_GAMMA * share * scale)
 
 
 def low_rank_metric(m: CoMoments, basis: jax.Array, options: dict,
@@ -342,11 +371,16 @@ def low_rank_metric(m: CoMoments, basis: jax.Array, options: dict,
         q, _ = jnp.linalg.qr(jnp.concatenate([u_x, u_a], axis=1))
         new_basis = jnp.stack([u_x, u_a])
     eye = jnp.eye(q.shape[1], dtype=q.dtype)
-    gamma = options["gamma"]
-    c_x = q.T @ gram_x @ q / gamma + eye
-    c_a = q.T @ gram_a @ q / gamma + eye
+    p_x, p_a = q.T @ gram_x @ q, q.T @ gram_a @ q
+    if jnp.dtype(p_x.dtype) == jnp.float64:  # nutpie's C = P/gamma + I
+        c_x, c_a = p_x / options["gamma"] + eye, p_a / options["gamma"] + eye
+        floor = 1e-10
+    else:  # the same times gamma (their mean is the same): near the draws' scale
+        gamma = float32_regularisation(options["gamma"], p_x, p_a, m.moments.weight)
+        c_x, c_a = p_x + gamma * eye, p_a + gamma * eye
+        floor = _FLOOR[jnp.dtype(p_x.dtype).name]
     vals, vecs = jnp.linalg.eigh(_spd_mean(c_x, c_a))
-    vals = jnp.maximum(vals, 1e-10 * jnp.max(vals))
+    vals = jnp.maximum(vals, floor * jnp.max(vals))
     u, lam = select_top_eigenvalues_by_informativeness(
         vals, q @ vecs, rank_of(options, sigma.shape[0], sigma.dtype), tail_handling="mask_pad",
         cutoff=options["eigenvalue_cutoff"],
