@@ -51,8 +51,9 @@ def from_numpyro(
     unconstrained space) is sampled by blackjax (``algorithm``, by default the
     adaptation's own factory: ``blackjax.nuts`` for the HMC family) with any adaptation
     ``cr.from_blackjax`` takes: nutpie's ``"fisher_low_rank"`` (the default of
-    ``cr.from_pymc``: on the four models of ``benchmarks/bench_numpyro_fisher.py`` it
-    gets several times numpyro's ESS per gradient on correlated posteriors), ``"fisher"``,
+    ``cr.from_pymc``: on the four models of ``benchmarks/bench_numpyro_fisher.py``,
+    0.9-1.9x the ESS per gradient of numpyro's better mass matrix, 1.0-4.1x with warmup
+    counted: ``docs/numpyro.md``), ``"fisher"``,
     Stan's ``"window"``, ``"chees"``, ``"pathfinder"``, ... and its ``**options``. Starts,
     draws and ArviZ data stay numpyro's. A ``NUTS(model, ...)``'s ``target_accept_prob``,
     ``max_tree_depth``, ``dense_mass`` (``"window"`` only) and ``init_strategy`` carry

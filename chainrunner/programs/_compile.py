@@ -1,5 +1,8 @@
 """The compile cache: each program built once, each executable compiled once.
 
+Within a process, by the program's key and its arguments' signature; between processes,
+through the cache folder (``_store``).
+
 A *program* is ``jit(shard_map(...))`` of a body that closes over the kernel and the loop
 length (never static arguments), cached on what identifies it (the kernel's functions,
 the mesh, ``batch_size``, chunk length, ...). An *executable* is that program compiled for
@@ -71,10 +74,11 @@ def compiled(
     """The compiled executable for ``args``, and the seconds spent compiling (or waiting).
 
     ``on_traced(out_info)`` is called once the program is traced and before it is
-    compiled (not at all when the executable is cached in this process). ``identity``:
-    what names the program in every process (the kernel's ``identity`` and the
-    program's layout), or ``None``: the program is then kept on disk under its lowered
-    text (``_store``).
+    compiled (not at all when the executable is cached in this process, or loaded from
+    the cache folder: then with the loaded program's ``out_info``). ``identity``: what
+    names the program in every process (the kernel's ``identity`` and the program's
+    layout), or ``None``: it is then traced and lowered in every process, and JAX's
+    persistent cache may serve its compile (``_store``).
     """
     program = _PROGRAMS.get(program_key, build)
     key = (program_key, signature(args))
