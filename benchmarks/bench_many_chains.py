@@ -9,7 +9,7 @@ once to compile, then timed ``--reps`` times. Per timed run:
 - ``compile_time`` and ``sampling_time`` (the chunk loop, host copies included) from
   ``trace.attrs``;
 - ``outside``: ``wall - compile_time - sampling_time``: placing the chains, initialising
-  them, assembling the trace and the diagnostics;
+  them, assembling the trace and the diagnostics (``warn=True``, the default);
 - ``diagnostics``: ``cr.diagnose(trace)`` timed again on its own (chainrunner's
   vectorised R-hat/ESS), and ArviZ's ``rhat``/``ess`` (bulk and tail) of the same draws
   for comparison.
@@ -66,8 +66,10 @@ def one(chains: int, warmup: int, draws: int, superchains: int):
         "theta_t": jnp.zeros((chains, 8)),
     }
     t0 = time.perf_counter()
-    trace = cr.run(nuts, jax.random.key(0), start, draws, num_warmup=warmup,
-                   superchains=superchains, warn=False)  # fmt: skip
+    with warnings.catch_warnings():  # the defaults: diagnostics at the end (warn=True)
+        warnings.simplefilter("ignore")
+        trace = cr.run(nuts, jax.random.key(0), start, draws, num_warmup=warmup,
+                       superchains=superchains)  # fmt: skip
     wall = time.perf_counter() - t0
     return trace, wall
 

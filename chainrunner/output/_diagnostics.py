@@ -183,9 +183,10 @@ def _worst(values: np.ndarray, reduce: Any) -> float:
 
 
 def _stats(
-    draws: dict[str, np.ndarray], chains: np.ndarray
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """R-hat (max) and bulk/tail ESS (min) per variable, on ``chains``.
+    draws: dict[str, np.ndarray], chains: np.ndarray, superchains: np.ndarray | None = None
+) -> tuple[dict[str, float], ...]:
+    """R-hat (max) and bulk/tail ESS (min) per variable, on ``chains``; with
+    ``superchains`` (each chain's group), nested R-hat (max) fourth, from the same ranks.
 
     ArviZ's rank-normalised split R-hat and bulk and tail ESS, computed for every
     variable element at once by ``stopping._convergence`` (equal to ArviZ's to round-off,
@@ -202,32 +203,28 @@ def _stats(
         columns.append(x.reshape(x.shape[0], x.shape[1], -1))
         names += [name] * columns[-1].shape[2]
     if not columns:
-        return {}, {}, {}
+        return ({},) * (3 if superchains is None else 4)
     with np.errstate(all="ignore"):
-        rhat, bulk, tail = rhat_and_ess(np.concatenate(columns, axis=2))
+        rhat, bulk, tail, *nested = rhat_and_ess(np.concatenate(columns, axis=2), superchains)
     owner = np.array(names)
     per = {n: owner == n for n in dict.fromkeys(names)}
-    return (
+    out = (
         {n: _worst(rhat[m], np.nanmax) for n, m in per.items()} if chains.size >= 2 else {},
         {n: _worst(bulk[m], np.nanmin) for n, m in per.items()},
         {n: _worst(tail[m], np.nanmin) for n, m in per.items()},
     )
+    return (
+        out if not nested else (*out, {n: _worst(nested[0][m], np.nanmax) for n, m in per.items()})
+    )
 
 
-def _nested_rhat(draws: dict[str, np.ndarray], num_chains: int, superchains: int) -> dict:
-    """Nested R-hat (max over elements) per variable: arviz-stats' ``rhat_nested``, as
-    chainrunner's port computes it (equal to round-off, tested)."""
-    from ..stopping._convergence import nested_rhat
+def _superchain_ids(num_chains: int, superchains: int | None) -> np.ndarray | None:
+    """Each chain's superchain (nested R-hat's groups), or ``None`` without superchains."""
+    if not superchains:
+        return None
     from ..stopping._until import superchain_ids
 
-    ids = superchain_ids(num_chains, superchains)
-    out = {}
-    for name, x in draws.items():
-        x = np.asarray(x, dtype=np.float64)
-        with np.errstate(all="ignore"):
-            value = np.asarray(nested_rhat(x.reshape(x.shape[0], x.shape[1], -1), ids), float)
-        out[name] = float(np.nanmax(value)) if np.isfinite(value).any() else float("nan")
-    return out
+    return superchain_ids(num_chains, superchains)
 
 
 def _chains(chains: list[int] | np.ndarray, limit: int = 8) -> str:
@@ -339,12 +336,13 @@ def diagnose(trace: Trace) -> Diagnostics:
     rhat: dict[str, float] = {}
     ess_bulk: dict[str, float] = {}
     ess_tail: dict[str, float] = {}
-    if num_draws >= MIN_DRAWS and good.size:
-        rhat, ess_bulk, ess_tail = _stats(draws, good)
     superchains = (trace.attrs or {}).get("superchains")
     nested: dict[str, float] = {}
-    if superchains and num_draws >= MIN_DRAWS and good.size == num_chains:
-        nested = _nested_rhat(draws, num_chains, superchains)
+    if num_draws >= MIN_DRAWS and good.size:
+        # nested R-hat needs every chain (whole superchains), from the same ranks
+        ids = _superchain_ids(num_chains, superchains) if good.size == num_chains else None
+        rhat, ess_bulk, ess_tail, *found = _stats(draws, good, ids)
+        nested = found[0] if found else {}
     threshold = float(ESS_SUPERCHAINS if superchains else ESS_PER_CHAIN * good.size)
 
     divergences = None

@@ -36,6 +36,13 @@ def average_ranks(flat: np.ndarray) -> np.ndarray:
     few ties, if any (a folded draw may equal another): they are averaged where they are,
     run by run; many ties (discrete values, stuck chains) take a vectorised pass.
     """
+    return _ranked(flat)[0].T
+
+
+def _ranked(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ranks, values in order, order)`` of each column of ``flat`` (``(size, k)``),
+    each ``(k, size)``: ``average_ranks``, and what the tail quantiles, the median and the
+    folded ranks need from the same sort."""
     cols = np.ascontiguousarray(flat.T)  # sorting along contiguous memory: ~3x faster
     n = cols.shape[1]
     order = np.argsort(cols, axis=1)  # ties are averaged: any order within them will do
@@ -50,6 +57,34 @@ def average_ranks(flat: np.ndarray) -> np.ndarray:
         _average_runs(rank_at, rows, at)
     ranks = np.empty(values.shape)
     np.put_along_axis(ranks, order, rank_at, axis=1)
+    return ranks, values, order
+
+
+def _folded_ranks(values: np.ndarray, order: np.ndarray, median: np.ndarray) -> Any:
+    """Ranks (1-based) of ``|x - median|`` per column, ``(size, k)``, from the columns'
+    values in order (``_ranked``), or ``None`` where two distances tie.
+
+    No second sort: the distances below the median, read leftwards, and those above it,
+    read rightwards, are two ascending runs; each distance's rank is its place in its run
+    plus how many of the other run are smaller (a binary search). Ties (equal draws, or a
+    draw as far below the median as another is above) need averaged ranks: the caller
+    then ranks the distances afresh.
+    """
+    k, n = values.shape
+    ranks = np.empty((k, n))
+    for c in range(k):
+        v, m = values[c], median[c]
+        cut = int(np.searchsorted(v, m, side="left"))
+        below, above = (m - v[:cut])[::-1], v[cut:] - m
+        if (below[1:] == below[:-1]).any() or (above[1:] == above[:-1]).any():
+            return None
+        low, high = np.searchsorted(above, below, "left"), np.searchsorted(above, below, "right")
+        if (low != high).any():
+            return None
+        at = np.empty(n)
+        at[:cut] = (np.arange(below.size) + low + 1.0)[::-1]
+        at[cut:] = np.arange(above.size) + np.searchsorted(below, above, "left") + 1.0
+        ranks[c, order[c]] = at
     return ranks.T
 
 
@@ -84,9 +119,21 @@ def _tied_ranks(values: np.ndarray, tied: np.ndarray) -> np.ndarray:
 def z_scale(x: np.ndarray) -> np.ndarray:
     """Rank-normalised values (average ranks, Blom's offset, normal quantiles), per column."""
     m, n, k = x.shape
-    size = m * n
-    rank = average_ranks(x.reshape(size, k))
-    return special.ndtri((rank - 0.375) / (size - 0.75 + 1)).reshape(m, n, k)
+    return _normal_scores(average_ranks(x.reshape(m * n, k)), x.shape)
+
+
+def _normal_scores(rank: np.ndarray, shape: tuple) -> np.ndarray:
+    """Blom's normal scores of ranks ``(size, k)`` among ``size``, shaped ``shape``."""
+    size = rank.shape[0]
+    return special.ndtri((rank - 0.375) / (size - 0.75 + 1)).reshape(shape)
+
+
+def _median(ordered: np.ndarray) -> np.ndarray:
+    """``np.median`` of each column from its values in order (``(k, size)``)."""
+    size = ordered.shape[1]
+    if size % 2:
+        return ordered[:, size // 2].copy()
+    return (ordered[:, size // 2 - 1] + ordered[:, size // 2]) / 2.0
 
 
 def _rhat(x: np.ndarray) -> np.ndarray:
@@ -166,9 +213,10 @@ def ess_bulk(x: np.ndarray) -> np.ndarray:
     return ess(z_scale(split(x)))
 
 
-def _type7(flat: np.ndarray, probs: tuple[float, float]) -> np.ndarray:
-    """R's type 7 quantiles of each column with ``mquantiles``'s arithmetic, vectorised."""
-    x = np.sort(flat, axis=0)
+def _type7(flat: np.ndarray, probs: tuple[float, float], ordered: bool = False) -> np.ndarray:
+    """R's type 7 quantiles of each column with ``mquantiles``'s arithmetic, vectorised;
+    ``ordered``: the columns are sorted already."""
+    x = flat if ordered else np.sort(flat, axis=0)
     n = x.shape[0]
     p = np.asarray(probs)
     aleph = n * p + (1.0 - p)  # mquantiles: n * p + alphap + p * (1 - alphap - betap)
@@ -177,7 +225,7 @@ def _type7(flat: np.ndarray, probs: tuple[float, float]) -> np.ndarray:
     return (1.0 - gamma) * x[k - 1] + gamma * x[k]
 
 
-def tail_quantiles(flat: np.ndarray) -> np.ndarray:
+def tail_quantiles(flat: np.ndarray, ordered: bool = False) -> np.ndarray:
     """The two quantiles of tail ESS, per column, as the installed ArviZ computes them.
 
     arviz 0.x: the 5 % and 95 % quantiles, R's type 7 as ``mquantiles`` computes them (the
@@ -187,8 +235,8 @@ def tail_quantiles(flat: np.ndarray) -> np.ndarray:
     """
     low, high = tail_probs()
     if _arviz_base() is None:  # arviz 0.x
-        return _type7(flat, (low, high))
-    return np.quantile(flat, [low, high], axis=0)
+        return _type7(flat, (low, high), ordered)
+    return np.quantile(flat, [low, high], axis=0)  # (sorted columns select at once)
 
 
 def tail_probs() -> list[float]:
@@ -211,9 +259,13 @@ def _arviz_base() -> Any:
     return arviz_base
 
 
-def _tail_indicators(x: np.ndarray) -> np.ndarray:
-    """The two tail-quantile indicators of each column, split: ``(2m, n // 2, 2k)``."""
-    low, high = tail_quantiles(x.reshape(-1, x.shape[2]))
+def _tail_indicators(x: np.ndarray, ordered: np.ndarray | None = None) -> np.ndarray:
+    """The two tail-quantile indicators of each column, split: ``(2m, n // 2, 2k)``;
+    ``ordered``: each column of ``x`` in order, ``(k, m n)``, where known."""
+    if ordered is None:
+        low, high = tail_quantiles(x.reshape(-1, x.shape[2]))
+    else:
+        low, high = tail_quantiles(ordered.T, ordered=True)
     return split(np.concatenate([x <= low, x <= high], axis=2).astype(float))
 
 
@@ -224,35 +276,54 @@ def ess_tail(x: np.ndarray) -> np.ndarray:
     return np.minimum(both[:k], both[k:])
 
 
-def rhat_and_ess(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rhat(x), ess_bulk(x), ess_tail(x))`` at once: each rank and FFT computed once.
+def rhat_and_ess(x: np.ndarray, superchains: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """``(rhat(x), ess_bulk(x), ess_tail(x))`` at once: each rank and FFT computed once;
+    with ``superchains`` (chain ``c``'s group), ``nested_rhat(x, superchains)`` fourth,
+    from the same ranks.
 
-    Columns are independent: large arrays are cut into blocks of columns, computed on a
-    thread per core (numpy's sorts and FFTs release the GIL); the same numbers as one
-    pass, whatever the core count.
+    Columns are independent: large arrays are cut into blocks of about ``_BLOCK_VALUES``
+    values, computed on a thread per core (numpy's sorts and FFTs release the GIL); the
+    same numbers as one pass, whatever the core count. Small blocks also keep the
+    temporaries small enough to be reused rather than mapped afresh from the system:
+    measured, ``diagnose`` of 10,000 chains x 200 draws x 10 columns with nested R-hat, the
+    first call in a process, took 4.8 s in blocks of a column, 6.6 s in two blocks of five.
     """
     k = x.shape[2]
-    blocks = min(k, os.cpu_count() or 1, -(-x.size // _BLOCK_VALUES))
+    blocks = min(k, -(-x.size // _BLOCK_VALUES))
     if blocks <= 1:
-        return _rhat_and_ess(x)
+        return _rhat_and_ess(x, superchains)
     cuts = np.array_split(np.arange(k), blocks)
-    with concurrent.futures.ThreadPoolExecutor(blocks) as pool:
-        parts = list(pool.map(lambda cols: _rhat_and_ess(x[:, :, cols]), cuts))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+    with concurrent.futures.ThreadPoolExecutor(min(blocks, os.cpu_count() or 1)) as pool:
+        parts = list(pool.map(lambda cols: _rhat_and_ess(x[:, :, cols], superchains), cuts))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
 
 
-_BLOCK_VALUES = 1_000_000  # values of x below which one thread does it all
+_BLOCK_VALUES = 1_000_000  # values of x per block (one thread does smaller arrays whole)
 
 
-def _rhat_and_ess(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rhat_and_ess(x: np.ndarray, superchains: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """``rhat_and_ess`` on one thread."""
     k = x.shape[2]
     s = split(x)
-    z = z_scale(s)
-    folded = np.abs(s - np.median(s.reshape(-1, k), axis=0))
-    r = np.maximum(_rhat(z), _rhat(z_scale(folded))) if x.shape[0] >= 2 else np.ones(k)
-    e = ess(np.concatenate([z, _tail_indicators(x)], axis=2))
-    return r, e[:k], np.minimum(e[k : 2 * k], e[2 * k :])
+    ranks, ordered, order = _ranked(s.reshape(-1, k))
+    z = _normal_scores(ranks.T, s.shape)
+    folded_ranks, whole = None, None
+    if np.isnan(ordered[:, -1]).any():  # nan sorts last: np.median's nan, and no reuse
+        median = np.median(s.reshape(-1, k), axis=0)
+    else:  # an even draw count splits into every draw: x's values in order too
+        median, whole = _median(ordered), (ordered if x.shape[1] % 2 == 0 else None)
+        folded_ranks = _folded_ranks(ordered, order, median)
+    if folded_ranks is None:
+        folded = z_scale(np.abs(s - median))
+    else:
+        folded = _normal_scores(folded_ranks, s.shape)
+    r = np.maximum(_rhat(z), _rhat(folded)) if x.shape[0] >= 2 else np.ones(k)
+    e = ess(np.concatenate([z, _tail_indicators(x, whole)], axis=2))
+    out = (r, e[:k], np.minimum(e[k : 2 * k], e[2 * k :]))
+    if superchains is None:
+        return out
+    ids = np.concatenate([np.asarray(superchains)] * 2)
+    return (*out, np.maximum(_nested(z, ids), _nested(folded, ids)))
 
 
 def _nested(x: np.ndarray, superchains: np.ndarray) -> np.ndarray:

@@ -193,9 +193,9 @@ def _worst(values: np.ndarray, largest: bool) -> float:
 def _misses(x: np.ndarray, target: Converged, superchains: np.ndarray | None) -> tuple:
     """``(status, how far each column misses its targets)``: 0 where a column meets them."""
     num_chains = x.shape[0]
-    r, b, t = _convergence.rhat_and_ess(x)
+    r, b, t, *nested_found = _convergence.rhat_and_ess(x, superchains)
     r = r if num_chains >= 2 else np.ones_like(r)
-    nested = None if superchains is None else _convergence.nested_rhat(x, superchains)
+    nested = nested_found[0] if nested_found else None
     # Many short chains: classic R-hat stays high only because the chains are short;
     # nested R-hat is the diagnostic for that regime (Margossian et al. 2024) and replaces it.
     mixing, limit = (r, target.rhat) if nested is None else (nested, target.nested_rhat)
