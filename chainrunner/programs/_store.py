@@ -41,10 +41,11 @@ import hashlib
 import os
 import pickle
 import platform
+import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -102,8 +103,10 @@ def set_cache(
     The first ``cr.run`` of a model in a process compiles its programs (seconds, often
     most of a short run); they are written to this folder, and a later process running
     the same model, options and layout loads them instead (tens of milliseconds). Only
-    chainrunner's own programs go there; JAX's configuration is never changed (for JAX's
-    own persistent cache of all your programs, see ``cr.enable_compilation_cache``).
+    chainrunner's programs go there: JAX's persistent cache points at the folder's
+    ``jax/`` only while a run compiles, and JAX's settings are put back after it
+    (``jax_cache``); for JAX's own persistent cache of all your programs, see
+    ``cr.enable_compilation_cache``. ``docs/compilation.md`` says what is kept and how.
 
     Args:
         path: the cache folder (created when first written); ``True``: the default
@@ -190,6 +193,8 @@ def load(name: str, devices: list) -> Program | None:
 
         if entry["devices"] != [d.id for d in devices]:
             raise ValueError("compiled for other devices")
+        if not _set_up(entry.get("kernels", ())):
+            return None  # (a float64 kernel in a process without x64: kept for another)
         compiled = serialize_executable.deserialize_and_load(
             entry["executable"], entry["in_tree"], entry["out_tree"],
             execution_devices=devices,
@@ -217,7 +222,8 @@ def save(name: str, program: Program, devices: list) -> None:
     if where is None or jax.process_count() > 1:
         return
     try:
-        if "custom_call_target" in program.executable.as_text():
+        kernels = sorted(set(_CUSTOM_CALL.findall(program.executable.as_text())))
+        if not all(_lapack_op(k) is not None for k in kernels):
             return
         from jax.experimental import serialize_executable
 
@@ -228,6 +234,7 @@ def save(name: str, program: Program, devices: list) -> None:
             "out_tree": out_tree,
             "devices": [d.id for d in devices],
             "digest": program.digest,
+            "kernels": kernels,
         }
         payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -242,6 +249,56 @@ def save(name: str, program: Program, devices: list) -> None:
     except OSError:  # a full disk or a read-only folder: no cache, no failure
         return
     prune(where, max_bytes() // 2)
+
+
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+_LAPACK_NAME = re.compile(r"lapack_([sdcz])(\w+?)_ffi$")
+_DTYPES = {"s": "float32", "d": "float64", "c": "complex64", "z": "complex128"}
+_set_up_done: set[tuple[str, str]] = set()
+
+
+def _lapack_ops() -> dict[str, Callable]:
+    """LAPACK routine -> a JAX function whose lowering calls it."""
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    return {
+        "syevd": jnp.linalg.eigh, "heevd": jnp.linalg.eigh, "geqrf": jnp.linalg.qr,
+        "orgqr": jnp.linalg.qr, "ungqr": jnp.linalg.qr, "potrf": jnp.linalg.cholesky,
+        "trsm": lambda a: solve_triangular(a, a), "getrf": lambda a: jnp.linalg.solve(a, a),
+        "gesdd": jnp.linalg.svd,
+    }  # fmt: skip
+
+
+def _lapack_op(kernel: str) -> tuple[str, Callable] | None:
+    """``(dtype, function)`` that sets up LAPACK kernel ``kernel`` when lowered, or
+    ``None`` for a kernel that is not one of those (such a program is not stored)."""
+    found = _LAPACK_NAME.match(kernel)
+    if found is None or found.group(2) not in _lapack_ops():
+        return None
+    return _DTYPES[found.group(1)], _lapack_ops()[found.group(2)]
+
+
+def _set_up(kernels: Any) -> bool:
+    """Sets up the LAPACK kernels a stored program calls, before it is loaded.
+
+    jaxlib registers its LAPACK kernels with XLA when a program using them is *lowered*;
+    a stored program is loaded without lowering anything, and one calling an unregistered
+    kernel crashed the process (measured: ``eigh`` in a new process). Lowering a 2 x 2
+    instance of each (no compile, once per process) registers them. ``False`` where a
+    kernel needs a dtype this process cannot lower (float64 without ``jax_enable_x64``).
+    """
+    import jax.numpy as jnp
+
+    for kernel in kernels:
+        dtype, fn = _lapack_op(kernel)
+        if (dtype, kernel) in _set_up_done:
+            continue
+        if dtype in ("float64", "complex128") and not jax.config.jax_enable_x64:
+            return False
+        jax.jit(fn).lower(jnp.eye(2, dtype=dtype))
+        _set_up_done.add((dtype, kernel))
+    return True
 
 
 def _unpack(data: bytes) -> dict:
