@@ -77,7 +77,6 @@ def programs(name: str, width: int, devices: int, draws: int):
     from jax.sharding import PartitionSpec as P
 
     from chainrunner.adapters._blackjax._nuts_fsm import nuts_machine
-    from chainrunner.core._lazy import lazy_cond
 
     logdensity, dim, eps = model(name)
     mesh = jax.make_mesh((devices,), ("chain",))
