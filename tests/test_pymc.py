@@ -249,6 +249,46 @@ def test_same_seed_same_draws_and_initial_position_in_value_space():
         cr.run(kernel, jax.random.key(3), {"p": jnp.full(4, 0.5)}, 20, num_warmup=20)
 
 
+def test_a_new_model_of_the_same_model_compiles_nothing():
+    """A notebook cell that builds the pm.Model again and samples it: the same adapter, no
+    program traced again, the same draws; other data, coords or priors: another adapter
+    (the model's graphs, data and coords are its fingerprint: ``model_words``)."""
+    from chainrunner.adapters._pymc import model_words
+    from chainrunner.core._fingerprint import fingerprint
+    from chainrunner.programs import _programs
+
+    first = cr.from_pymc(eight_schools())
+    assert fingerprint(model_words(eight_schools())).stable
+    kw = {"num_warmup": 20, "num_chains": 2, "progress": False, "warn": False}
+    one = cr.run(first, jax.random.key(0), None, 20, **kw)
+    before = dict(_programs.trace_counts)
+    again = cr.from_pymc(eight_schools())
+    assert again is first
+    two = cr.run(again, jax.random.key(0), None, 20, **kw)
+    assert _programs.trace_counts == before
+    np.testing.assert_array_equal(one.draws["mu"], two.draws["mu"])
+    other_data = eight_schools()
+    with other_data:
+        pm.set_data({"sigma": SIGMA * 2})
+    assert cr.from_pymc(other_data) is not first
+    with pm.Model(coords={"school": list("abcdefgh")}) as relabelled:
+        sigma = pm.Data("sigma", SIGMA, dims="school")
+        mu = pm.Normal("mu", 0.0, 5.0)
+        tau = pm.HalfCauchy("tau", 5.0)
+        theta_trans = pm.Normal("theta_trans", 0.0, 1.0, dims="school")
+        theta = pm.Deterministic("theta", mu + tau * theta_trans, dims="school")
+        pm.Normal("obs", theta, sigma=sigma, observed=Y, dims="school")
+    assert cr.from_pymc(relabelled) is not first
+    with pm.Model(coords={"school": SCHOOLS}) as other_prior:
+        sigma = pm.Data("sigma", SIGMA, dims="school")
+        mu = pm.Normal("mu", 0.0, 4.0)
+        tau = pm.HalfCauchy("tau", 5.0)
+        theta_trans = pm.Normal("theta_trans", 0.0, 1.0, dims="school")
+        theta = pm.Deterministic("theta", mu + tau * theta_trans, dims="school")
+        pm.Normal("obs", theta, sigma=sigma, observed=Y, dims="school")
+    assert cr.from_pymc(other_prior) is not first
+
+
 def conjugate():
     """p | k ~ Beta(2 + 7, 2 + 13); mu | y ~ Normal(sum(y) / (n + 1/100), ...) (exact)."""
     y = np.array([0.3, 1.9, 1.2, 0.4, 1.1, 0.7])

@@ -15,7 +15,6 @@ kernel with its ``init`` starting from the model's own starting points and its
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,34 +26,10 @@ from ..core._kernel import Adapter, CrossChainWarmup, FixedKernel, Kernel, Warmu
 from ..core._lru import LRU
 from ._blackjax._adaptations import SAMPLERS, name_of
 
-__all__ = ["ModelAdapter", "build_sampler", "value_key", "with_target_accept", "wrap"]
+__all__ = ["ModelAdapter", "build_sampler", "with_target_accept", "wrap"]
 
 # id of a wrapped kernel's functions -> the wrapping functions (stable identities).
 _WRAPPED = LRU(64)
-
-
-def value_key(value: Any) -> Any:
-    """A hashable stand-in for an option's or a datum's value: itself, or its digest.
-
-    Arrays are digested (shape, dtype and a hash of their bytes), so that two objects
-    with the same values give the same key and any other value another key.
-
-    Examples:
-        >>> import numpy as np
-        >>> value_key(np.zeros(3)) == value_key(np.zeros(3)), value_key(2.0)
-        (True, 2.0)
-    """
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        try:
-            data = np.ascontiguousarray(np.asarray(value))
-            if data.dtype == object:
-                raise TypeError("an object array has no digest of its values")
-            return (data.shape, str(data.dtype), hashlib.blake2b(data.tobytes()).hexdigest())
-        except Exception:
-            return ("id", id(value))
 
 
 def wrap(kernel: Kernel, start: Callable, constrain: Callable) -> Kernel:

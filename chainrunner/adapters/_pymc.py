@@ -36,18 +36,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..core._fingerprint import FingerprintCache, stable_digest
 from ..core._kernel import Adapter, Kernel
-from ..core._lru import LRU
 from ._blackjax._adaptations import name_of
-from ._model import ModelAdapter, build_sampler, value_key, with_target_accept
+from ._model import ModelAdapter, build_sampler, with_target_accept
 
 __all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
 
 INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
 
-# (id(model), data fingerprint, sampler and options) -> PymcModel: the same model and
-# arguments give the same adapter, hence the same compiled programs.
-_ADAPTERS = LRU(32)
+# fingerprint of (the model's graphs and data, sampler and options) -> PymcModel: the same
+# model, or a new pm.Model of the same model (a notebook cell run again), and arguments
+# give the same adapter, hence the same compiled programs.
+_ADAPTERS = FingerprintCache(32)
 
 
 def _pymc() -> Any:
@@ -443,13 +444,114 @@ class PymcModel(ModelAdapter):
         }
 
 
-def _data_key(model: Any) -> tuple:
-    """What identifies the model's data now: ``pm.Data`` values and dim lengths."""
-    parts = [len(model.named_vars)]
-    for v in [*model.data_vars, *model.dim_lengths.values()]:
+def model_words(model: Any) -> tuple:
+    """The model as plain values: what its compiled programs depend on, for their key.
+
+    Its log density, constrained draws, free variables' graphs (the initial points come
+    from them) as ``graph_words``, the value variables' names and types, the variables'
+    initial values, coords, dims, observed and constant data. Two ``pm.Model``s built the
+    same way, with the same data, give the same words (a notebook cell run again); a
+    new data value, prior parameter, name or coordinate gives other words.
+    """
+    from pymc.backends.arviz import (
+        coords_and_dims_for_inferencedata,
+        find_constants,
+        find_observations,
+    )
+    from pymc.util import get_default_varnames
+
+    values = list(model.value_vars)
+    drawn = list(get_default_varnames(model.unobserved_value_vars, include_transformed=False))
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    return (
+        tuple((v.name, _type_words(v.type)) for v in values),
+        tuple(v.name for v in drawn),
+        graph_words(values, [model.logp(), *drawn]),
+        graph_words([], list(model.free_RVs)),
+        {rv.name: v for rv, v in model.rvs_to_initial_values.items()},
+        {k: np.asarray(v) for k, v in coords.items()},
+        {k: tuple(v) for k, v in dims.items()},
+        dict(find_observations(model) or {}),
+        dict(find_constants(model) or {}),
+        model.name,
+    )
+
+
+def graph_words(inputs: list, outputs: list) -> tuple:
+    """A PyTensor graph as plain values: each node's op (its type and ``__props__``, which
+    PyTensor's equality of ops is defined by; a scalar ``Composite`` by its code) and
+    inputs, constants and shared values by their data (random generators by their type
+    only: neither the log density nor the initial points draw from them). An op of any
+    other kind stays itself (compared by identity: a key for this process only)."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import io_toposort
+
+    refs: dict[Any, Any] = {v: ("input", i) for i, v in enumerate(inputs)}
+
+    def ref(v: Any) -> Any:
+        if v in refs:
+            return refs[v]
+        if isinstance(v, Constant):
+            return ("constant", _type_words(v.type), v.data)
         get = getattr(v, "get_value", None)
-        parts.append((v.name, value_key(get(borrow=True) if get else getattr(v, "data", v))))
-    return tuple(parts)
+        if get is not None:
+            value = get(borrow=True)
+            if isinstance(value, np.random.Generator):
+                return ("generator", _type_words(v.type))
+            return ("shared", _type_words(v.type), np.asarray(value))
+        return v
+
+    nodes = []
+    for n, node in enumerate(io_toposort(inputs, outputs)):
+        nodes.append((_op_words(node.op), tuple(ref(i) for i in node.inputs),
+                      tuple(_type_words(o.type) for o in node.outputs)))  # fmt: skip
+        refs.update({o: ("node", n, j) for j, o in enumerate(node.outputs)})
+    return tuple(nodes), tuple(ref(o) for o in outputs)
+
+
+def _op_words(op: Any) -> Any:
+    """An op as plain values, as PyTensor defines the equality of ops: its type and
+    ``__props__``; a scalar op's type and output-type rule; a ``Composite``'s code. Any
+    other op stays itself."""
+    from pytensor.compile.builders import OpFromGraph
+    from pytensor.scalar.basic import ScalarOp
+
+    if isinstance(op, OpFromGraph):  # PyMC's symbolic random variables: their inner graph
+        return (type(op), graph_words(list(op.inner_inputs), list(op.inner_outputs)),
+                tuple(_words(p) for p in op._props()) if hasattr(op, "_props") else ())  # fmt: skip
+    if getattr(type(op), "__props__", None) is not None:
+        return (type(op), tuple(_words(p) for p in op._props()))
+    template = getattr(op, "c_code_template", None)
+    if isinstance(template, str):  # PyTensor's Composite: equal ops, equal code
+        return (type(op), op.nin, op.nout, template)
+    if isinstance(op, ScalarOp):
+        return (type(op), getattr(op, "output_types_preference", None))
+    return op
+
+
+def _words(x: Any) -> Any:
+    """A prop's value as plain values (ops, types and mappings within it likewise)."""
+    from pytensor.graph.op import Op
+    from pytensor.graph.type import Type
+
+    if isinstance(x, Op):
+        return _op_words(x)
+    if isinstance(x, Type):
+        return _type_words(x)
+    if isinstance(x, Mapping):
+        return {k: _words(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_words(v) for v in x)
+    return x
+
+
+def _type_words(t: Any) -> tuple:
+    """A PyTensor type as plain values: its class and ``__props__`` (dtype, static shape),
+    or its dtype and shape where it has no props."""
+    props = getattr(type(t), "__props__", None)
+    if props is not None:
+        return (type(t), tuple((p, _words(getattr(t, p, None))) for p in props))
+    return (type(t), str(getattr(t, "dtype", "")), tuple(getattr(t, "shape", ()) or ()))
 
 
 def _check_model(pymc: Any, model: Any) -> None:
@@ -546,16 +648,16 @@ def from_pymc(
     if adaptation is not None:
         name_of(adaptation, "from_pymc")  # a clear error for an unknown one, now
     options = with_target_accept(adaptation, target_accept, options, "from_pymc")
-    key = (
-        id(model),
-        _data_key(model),
-        id(algorithm),
+    source = (
+        "pymc",
+        model_words(model),
+        algorithm,
         adaptation,
         bool(log_likelihood),
-        tuple((str(k), value_key(v)) for k, v in (initvals or {}).items()),
+        {str(k): v for k, v in (initvals or {}).items()},
         bool(jitter),
         int(jitter_max_retries),
-        tuple((k, value_key(v)) for k, v in sorted(options.items())),
+        options,
     )
 
     def build() -> PymcModel:
@@ -563,6 +665,8 @@ def from_pymc(
             model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
         )
         sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
-        return PymcModel(model, sampler, compiled, log_likelihood)
+        adapter = PymcModel(model, sampler, compiled, log_likelihood)
+        adapter.identity = stable_digest(source)
+        return adapter
 
-    return _ADAPTERS.get(key, build, owner=(model, algorithm))
+    return _ADAPTERS.get(source, build)
