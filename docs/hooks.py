@@ -9,7 +9,7 @@ import os
 
 log = logging.getLogger("mkdocs.hooks.chainrunner")
 
-OPTIONAL_PAGES = {"multi-host.md"}
+OPTIONAL_PAGES = {"multi-host.md", "gpu.md"}
 
 
 def _prune(items, docs_dir):

@@ -5,11 +5,14 @@ Fingerprints (``core/_fingerprint.py``) say when two objects compute the same th
 ``programs/_store.py`` keeps compiled programs on disk between processes.
 """
 
+import dataclasses
 import functools
+import importlib
 import json
 import os
 import subprocess
 import sys
+import types
 
 import blackjax
 import jax
@@ -81,7 +84,7 @@ def test_fingerprint_differs_for_any_other_computation():
 
 def test_unknown_objects_count_by_identity_and_are_not_stable():
     class Holder:
-        pass
+        __slots__ = ("value",)
 
     thing = Holder()
     found = fingerprint(lambda x: x + 0 * id(thing))
@@ -90,6 +93,89 @@ def test_unknown_objects_count_by_identity_and_are_not_stable():
     cyclic = []
     cyclic.append(cyclic)
     assert fingerprint(cyclic).stable  # a cycle is walked once
+
+
+class _Target:
+    def __init__(self, mu):
+        self.mu = mu
+
+    def logdensity(self, x):
+        return -0.5 * jnp.sum((x - self.mu) ** 2)
+
+
+class _Prior:
+    mu = 0.0
+
+
+@dataclasses.dataclass
+class _Config:
+    mu: float = 0.0
+
+
+def test_state_that_the_code_reads_is_in_the_fingerprint(tmp_path, monkeypatch):
+    """An attribute of an instance, of a class, of a dataclass, of a namespace or of a
+    module of the user's code, changed in place, changes the fingerprint (it keeps being
+    stable: the same in a new process)."""
+    target, config, space = _Target(0.0), _Config(), types.SimpleNamespace(mu=0.0)
+    (tmp_path / "usercfg.py").write_text("MU = 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    usercfg = importlib.import_module("usercfg")
+    sources = {
+        "method": lambda: target.logdensity,
+        "class": lambda: lambda x: x - _Prior.mu,
+        "dataclass": lambda: lambda x: x - config.mu,
+        "namespace": lambda: lambda x: x - space.mu,
+        "module": lambda: lambda x: x - usercfg.MU,
+    }
+    before = {name: fingerprint(make()) for name, make in sources.items()}
+    assert all(found.stable for found in before.values())
+    target.mu, config.mu, space.mu, usercfg.MU = 1.0, 1.0, 1.0, 1.0
+    monkeypatch.setattr(_Prior, "mu", 1.0)
+    for name, make in sources.items():
+        assert fingerprint(make()).key != before[name].key, name
+
+
+def test_what_goes_by_identity_is_reused_for_that_object_only():
+    """An object whose state is not read (``__slots__``) may change unseen: what was
+    built for a source holding it is not given to another source, however alike."""
+
+    class Opaque:
+        __slots__ = ("mu",)
+
+    thing = Opaque()
+    cache = FingerprintCache(4)
+    first = lambda x: x - thing.mu  # noqa: E731
+    assert cache.get(first, lambda: "built") == "built"
+    assert cache.get(first, lambda: "again") == "built"  # the same object
+    alike = lambda x: x - thing.mu  # noqa: E731
+    assert fingerprint(alike).key == fingerprint(first).key
+    assert cache.get(alike, lambda: "for alike") == "for alike"
+
+
+def test_an_installed_librarys_function_is_named_with_its_version():
+    key = fingerprint(jnp.sum).key
+    assert key[0] == "global" and key[1:3] == ("jax.numpy", "sum") and "jax" in key[3]
+    assert fingerprint(float("nan")).key != fingerprint(-float("nan")).key
+
+
+def _with_constant(x):
+    return -0.5 * jnp.sum(x**2) + jnp.asarray(np.float64(0.1))  # float64 under x64
+
+
+def test_x64_switched_on_in_the_same_process_is_another_program():
+    make = lambda: blackjax.nuts(_with_constant, 0.5, np.ones(3, np.float32))  # noqa: E731
+    pos = np.zeros((2, 3), np.float32)
+    kw = {"progress": False, "warn": False}
+    off = cr.run(make(), jax.random.key(0), pos, 10, **kw)
+    with jax.enable_x64(True):
+        on = cr.run(make(), jax.random.key(0), pos, 10, **kw)
+    assert off.stats["lp"].dtype == np.float32 and on.stats["lp"].dtype == np.float64
+
+
+def test_a_bad_size_bound_is_warned_about(monkeypatch):
+    monkeypatch.setenv("CHAINRUNNER_CACHE_MAX_BYTES", "2G")
+    with pytest.warns(RuntimeWarning, match="CHAINRUNNER_CACHE_MAX_BYTES='2G'"):
+        assert _store.max_bytes() == _store.DEFAULT_MAX_BYTES
 
 
 def test_cache_rebuilds_when_an_earlier_source_changed():
@@ -178,11 +264,18 @@ if how == "opaque":  # a log density holding an object chainrunner cannot look i
     import blackjax
 
     class Scale:
-        value = scale
+        __slots__ = ("value",)  # no __dict__: its state is not read, it goes by identity
 
     holder = Scale()
+    holder.value = scale
     kernel = cr.from_blackjax(blackjax.nuts, adaptation="fisher",
                               logdensity_fn=lambda x: -0.5 * jnp.sum((x / holder.value) ** 2))
+    start = jnp.zeros((2, 3))
+elif how == "usermodule":  # a class of the user's own module (PYTHONPATH), edited between runs
+    import blackjax
+    from usermod import Target
+
+    kernel = blackjax.nuts(lambda x: Target.logp(x), 0.5, jnp.ones(3))
     start = jnp.zeros((2, 3))
 elif how == "window":  # a dense mass matrix: cholesky
     kernel = cr.from_numpyro(NUTS(model), model_args=(3,), adaptation="window",
@@ -199,8 +292,10 @@ print(json.dumps({"traced": dict(_programs.trace_counts), "x": draws[:, -5:].tol
 """
 
 
-def _process(folder, *args, off=False):
+def _process(folder, *args, off=False, path=None):
     env = {**os.environ, "CHAINRUNNER_CACHE_DIR": str(folder), "JAX_PLATFORMS": "cpu"}
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
     if off:
         env["CHAINRUNNER_CACHE"] = "off"
     done = subprocess.run([sys.executable, "-c", SCRIPT, *map(str, args)], capture_output=True,
@@ -243,6 +338,20 @@ def test_programs_with_lapack_kernels_load_in_a_new_process(tmp_path, adaptation
     second = _process(folder, 1.0, "-", dense)
     assert second["x"] == first["x"]
     assert second["traced"] == {"init": 0, "chunk": 0}
+
+
+def test_an_edited_module_of_the_users_code_is_another_program(tmp_path):
+    """A class in the user's own module is fingerprinted by what it defines, not by its
+    name: edited between two processes, the second never loads the first's program."""
+    folder, code = tmp_path / "cache", tmp_path / "code"
+    code.mkdir()
+    text = "import jax.numpy as jnp\n\nclass Target:\n    @staticmethod\n    def logp(x):\n"
+    (code / "usermod.py").write_text(text + "        return -0.5 * jnp.sum((x - 0.0) ** 2)\n")
+    first = _process(folder, 1.0, "-", "usermodule", path=code)
+    (code / "usermod.py").write_text(text + "        return -0.5 * jnp.sum((x - 10.0) ** 2)\n")
+    second = _process(folder, 1.0, "-", "usermodule", path=code)
+    assert second["traced"]["chunk"] == 1
+    assert np.mean(second["x"]) > np.mean(first["x"]) + 5
 
 
 def test_a_pymc_like_kernel_comes_from_jaxs_cache(tmp_path):

@@ -49,12 +49,41 @@ def test_vectorised_diagnostics_equal_arviz(seed):
         np.testing.assert_allclose(together, expected, rtol=1e-9, err_msg=name)
 
 
+@pytest.mark.parametrize("draws", [120, 1100])  # autocovariances by Gram matrix, by FFT
+def test_float32_draws_with_ties_equal_arviz(draws):
+    """float32 draws (sorted as packed keys) with ties within and between the folded
+    halves; superchains; many chains in column blocks on threads."""
+    rng = np.random.default_rng(draws)
+    m = 64 if draws < 1000 else 4
+    x = rng.normal(size=(m, draws, 3)).astype(np.float32)
+    x[:, :, 1] = np.round(x[:, :, 1] * 4) / 4  # many ties, folded ties across the median
+    # column 2: repeated draws (a rejected proposal keeps the draw before it)
+    x[:, 1:, 2] = np.where(rng.uniform(size=(m, draws - 1)) < 0.3, x[:, :-1, 2], x[:, 1:, 2])
+    x = x.astype(np.float64)
+    r, bulk, tail = _convergence.rhat_and_ess(x)
+    for ours, method in ((r, "rank"), (bulk, "bulk"), (tail, "tail")):
+        expected = np.array([_arviz(x[:, :, j], method) for j in range(3)])
+        np.testing.assert_allclose(ours, expected, rtol=1e-9, err_msg=method)
+    blocks = _convergence._BLOCK_VALUES
+    try:
+        _convergence._BLOCK_VALUES = x.shape[0] * x.shape[1]  # a block per column
+        np.testing.assert_array_equal(_convergence.rhat_and_ess(x)[1], bulk)
+    finally:
+        _convergence._BLOCK_VALUES = blocks
+
+
 def test_average_ranks_equal_scipy():
     from scipy.stats import rankdata
 
     x = np.round(np.random.default_rng(7).normal(size=(301, 5)), 1)  # many ties
     np.testing.assert_array_equal(
         _convergence.average_ranks(x), rankdata(x, method="average", axis=0)
+    )
+    single = np.random.default_rng(8).normal(size=(300_000, 2)).astype(np.float32)
+    single[:5, 0] = [-0.0, 0.0, np.inf, -np.inf, 0.0]  # signed zeros tie; infinities
+    np.testing.assert_array_equal(
+        _convergence.average_ranks(single.astype(np.float64)),
+        rankdata(single, method="average", axis=0),
     )
 
 

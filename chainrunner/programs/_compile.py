@@ -23,9 +23,9 @@ import jax
 import numpy as np
 
 from ..core._lru import LRU
+from ..core._settings import trace_settings
 from ..core._threads import Background
 from . import _store
-from ._store import trace_settings
 
 CACHE_SIZE = 32
 _PROGRAMS = LRU(CACHE_SIZE)
@@ -81,7 +81,7 @@ def compiled(
     persistent cache may serve its compile (``_store``).
     """
     program = _PROGRAMS.get(program_key, build)
-    key = (program_key, signature(args))
+    key = (program_key, signature(args), trace_settings())  # x64 on: another program
     t0 = time.perf_counter()
     executable, pending = _claim(key)
     if pending is None:

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from ..core._kernel import Kernel
 from ..core._lru import LRU
+from ..core._settings import trace_settings
 from ..layout import _mesh
 from . import _ensemble
 from ._compile import TRACE_LOCK, signature
@@ -172,7 +173,7 @@ def draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> 
     ensemble's walkers).
     """
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
-    key = (kernel.functions, keep, n, signature((one, kernel.params)))
+    key = (kernel.functions, keep, n, signature((one, kernel.params)), trace_settings())
     return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, one, n))
 
 

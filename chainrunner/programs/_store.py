@@ -24,9 +24,11 @@ times its files changed), a digest of chainrunner's own source, the devices (pla
 kind, ids, the CPU's model and flags), ``XLA_FLAGS``, and JAX's settings that change a
 trace.
 
-Files are written atomically (a temporary file, then a rename), so processes sharing the
-folder never read half a file; each ``programs/`` file starts with a digest of its
+``programs/`` files are written atomically (a temporary file, then a rename), so
+processes sharing the folder never read half of one; each starts with a digest of its
 contents, and one that does not match it, or fails to load, is deleted and compiled anew.
+``jax/`` is written by JAX itself, which checks what it reads and compiles again where
+an entry is unreadable.
 After each run the least recently used (``programs/``) or written (``jax/``) files go
 until each is under its share of the size bound (``CHAINRUNNER_CACHE_MAX_BYTES``, 2 GiB
 by default, half each). Loading a file runs pickled code: the folder is yours, keep it
@@ -49,6 +51,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+
+from ..core._settings import trace_settings
 
 __all__ = ["Program", "folder", "jax_cache", "key", "load", "save", "set_cache", "trace_settings"]
 
@@ -91,8 +95,30 @@ def max_bytes() -> int:
     """The folder's size bound."""
     if "max_bytes" in _SETTING:
         return _SETTING["max_bytes"]
-    value = os.environ.get("CHAINRUNNER_CACHE_MAX_BYTES")
-    return int(value) if value else DEFAULT_MAX_BYTES
+    return _parse_max_bytes(os.environ.get("CHAINRUNNER_CACHE_MAX_BYTES"))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_max_bytes(value: str | None) -> int:
+    """``CHAINRUNNER_CACHE_MAX_BYTES`` as a number of bytes; a value that is not a
+    non-negative integer is warned about (once) and the default used."""
+    if not value:
+        return DEFAULT_MAX_BYTES
+    try:
+        parsed = int(value)
+    except ValueError:
+        parsed = -1
+    if parsed < 0:
+        import warnings
+
+        warnings.warn(
+            f"CHAINRUNNER_CACHE_MAX_BYTES={value!r} is not a number of bytes (a "
+            f"non-negative integer); using {DEFAULT_MAX_BYTES}.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return DEFAULT_MAX_BYTES
+    return parsed
 
 
 def set_cache(
@@ -392,23 +418,6 @@ def _remove(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
-
-
-# The settings that change what a trace builds and that a ``with`` context sets for one
-# thread only (read through the public ``jax.config``; a name a version lacks is skipped).
-_TRACE_SETTINGS = (
-    "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
-    "jax_numpy_dtype_promotion", "jax_default_device", "jax_default_prng_impl",
-    "jax_threefry_partitionable", "jax_softmax_custom_jvp", "jax_disable_jit",
-    "jax_random_seed_offset", "jax_debug_nans", "jax_debug_infs", "jax_check_tracer_leaks",
-)  # fmt: skip
-
-
-def trace_settings() -> tuple:
-    """This thread's values of ``_TRACE_SETTINGS`` and its abstract mesh, if any."""
-    values = tuple(repr(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS)
-    mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
-    return (*values, repr(mesh))
 
 
 @functools.lru_cache(maxsize=1)

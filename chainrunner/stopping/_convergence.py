@@ -1,12 +1,20 @@
-"""R-hat, nested R-hat and ESS for many variables at once: what ``until=`` checks.
+"""R-hat, nested R-hat and ESS for many variables at once: what ``until=`` checks and
+what ``diagnose`` reports.
 
 ArviZ computes these one variable element at a time (a Python loop per element: about
 0.1 s for 4 chains x 1000 draws x 10 elements on one core), which is too slow to check a
 run after its chunks. The functions here compute the same quantities for every element
 in one vectorised pass, following ArviZ (arviz 0.x's ``_rhat_rank``, ``_ess_bulk``,
 ``_ess_tail``; arviz-stats' ``rhat_nested``, Margossian et al. 2024) step for step;
-``tests/test_until.py`` checks them against ArviZ to round-off. ``diagnose`` (what a run
-reports) still calls ArviZ itself.
+``tests/test_until.py`` checks them against ArviZ to round-off.
+
+Where the time goes at 10,000 chains x 200 draws (two million values a column): one
+sort per column (packed keys for float32 draws), from which come the ranks, the median,
+the folded ranks (a merge, not a second sort) and the tail quantiles; the normal scores
+read from one table; the autocovariances from one Gram matrix per column. Measured on
+the draws of ``benchmarks/bench_many_chains.py`` (10 columns, superchains, one BLAS
+thread, 2 cores): 1.6 s, against 4.7 s with an argsort per ranking and FFTs, and 14 s
+for ArviZ's own functions.
 
 Arrays are ``(chain, draw, k)``: ``k`` columns, one per variable element.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -32,100 +41,115 @@ def split(x: np.ndarray) -> np.ndarray:
 def average_ranks(flat: np.ndarray) -> np.ndarray:
     """Ranks (1-based, ties averaged) of each column: ``scipy.stats.rankdata(method="average")``.
 
-    One argsort per column, vectorised (scipy loops over columns). Continuous draws have
-    few ties, if any (a folded draw may equal another): they are averaged where they are,
-    run by run; many ties (discrete values, stuck chains) take a vectorised pass.
+    One sort per column, vectorised (scipy loops over columns). Continuous draws have
+    few ties, if any (float32 draws, or a folded draw, may equal another): they are
+    averaged where they are, run by run; many ties (discrete values, stuck chains) take a
+    vectorised pass.
     """
-    return _ranked(flat)[0].T
+    values, order = _sort(np.ascontiguousarray(flat.T))
+    return _unsort(_rank_at(values), order).T
 
 
-def _ranked(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ranks, values in order, order)`` of each column of ``flat`` (``(size, k)``),
-    each ``(k, size)``: ``average_ranks``, and what the tail quantiles, the median and the
-    folded ranks need from the same sort."""
-    cols = np.ascontiguousarray(flat.T)  # sorting along contiguous memory: ~3x faster
-    n = cols.shape[1]
-    order = np.argsort(cols, axis=1)  # ties are averaged: any order within them will do
-    values = np.take_along_axis(cols, order, axis=1)
-    tied = values[:, 1:] == values[:, :-1]  # position p+1 ties with p
-    rank_at = np.broadcast_to(np.arange(1.0, n + 1), values.shape)
-    rows, at = np.nonzero(tied)
-    if rows.size > _FEW_TIES:
-        rank_at = _tied_ranks(values, tied)
-    elif rows.size:
-        rank_at = rank_at.copy()
-        _average_runs(rank_at, rows, at)
-    ranks = np.empty(values.shape)
-    np.put_along_axis(ranks, order, rank_at, axis=1)
-    return ranks, values, order
+def _sort(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(values in order, order)`` of each row of ``cols`` (``(k, size)``, float64).
 
-
-def _folded_ranks(values: np.ndarray, order: np.ndarray, median: np.ndarray) -> Any:
-    """Ranks (1-based) of ``|x - median|`` per column, ``(size, k)``, from the columns'
-    values in order (``_ranked``), or ``None`` where two distances tie.
-
-    No second sort: the distances below the median, read leftwards, and those above it,
-    read rightwards, are two ascending runs; each distance's rank is its place in its run
-    plus how many of the other run are smaller (a binary search). Ties (equal draws, or a
-    draw as far below the median as another is above) need averaged ranks: the caller
-    then ranks the distances afresh.
+    Values that float32 holds exactly (float32 draws, JAX's default; integers, booleans)
+    are sorted as one array of 64-bit keys, the value's bits above its index: 2x faster
+    than ``argsort`` and its gather (45 against 80 ms for 2 million values). The order
+    within a run of equal values differs from ``argsort``'s; ranks average over such
+    runs, so nothing that follows depends on it.
     """
-    k, n = values.shape
-    ranks = np.empty((k, n))
-    for c in range(k):
-        v, m = values[c], median[c]
-        cut = int(np.searchsorted(v, m, side="left"))
-        below, above = (m - v[:cut])[::-1], v[cut:] - m
-        if (below[1:] == below[:-1]).any() or (above[1:] == above[:-1]).any():
-            return None
-        low, high = np.searchsorted(above, below, "left"), np.searchsorted(above, below, "right")
-        if (low != high).any():
-            return None
-        at = np.empty(n)
-        at[:cut] = (np.arange(below.size) + low + 1.0)[::-1]
-        at[cut:] = np.arange(above.size) + np.searchsorted(below, above, "left") + 1.0
-        ranks[c, order[c]] = at
-    return ranks.T
+    if cols.shape[1] < 2**32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            single = cols.astype(np.float32)
+        if np.array_equal(single, cols):  # (nan never equals itself: argsort sorts it)
+            return _sort_single(single)
+    order = np.argsort(cols, axis=1)
+    return np.take_along_axis(cols, order, axis=1), order
 
 
-_FEW_TIES = 10_000
+_LOW, _HIGH = (0, 1) if sys.byteorder == "little" else (1, 0)  # halves of a uint64
+_SIGN = np.uint32(0x80000000)
 
 
-def _average_runs(rank_at: np.ndarray, rows: np.ndarray, at: np.ndarray) -> None:
-    """Averages ``rank_at`` over each run of tied positions (``at``: position p ties with
-    p + 1, in row ``rows``), in place."""
+def _sort_single(single: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_sort`` of float32 rows: keys whose unsigned order is the values' order (a
+    negative value's bits all flipped, a positive one's sign bit), each above its index."""
+    k, n = single.shape
+    bits = single.view(np.uint32)
+    keys = np.empty((k, n), np.uint64)
+    halves = keys.view(np.uint32).reshape(k, n, 2)
+    halves[..., _HIGH] = bits ^ ((bits.view(np.int32) >> 31).view(np.uint32) | _SIGN)
+    halves[..., _LOW] = np.arange(n, dtype=np.uint32)
+    keys.sort(axis=1)
+    high = halves[..., _HIGH]
+    bits = high ^ ((~(high.view(np.int32) >> 31)).view(np.uint32) | _SIGN)
+    return bits.view(np.float32).astype(np.float64), halves[..., _LOW].astype(np.intp)
+
+
+def _unsort(at: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The values ``at`` each sorted position (``(k, size)``) back in the columns' order."""
+    out = np.empty(order.shape)
+    np.put_along_axis(out, order, at, axis=1)
+    return out
+
+
+def _rank_at(values: np.ndarray) -> np.ndarray:
+    """The average rank (1-based) at each position of rows sorted ascending.
+
+    Ties are found where a value equals the one before it; each run of them gets the
+    mean of its positions, all runs at once (float32 draws: tens of thousands of ties in
+    two million values).
+    """
+    n = values.shape[1]
+    rows, at = np.nonzero(values[:, 1:] == values[:, :-1])  # position at+1 ties with at
+    if not rows.size:
+        return np.broadcast_to(np.arange(1.0, n + 1), values.shape)
     new_run = np.ones(rows.size, bool)
     new_run[1:] = (rows[1:] != rows[:-1]) | (at[1:] != at[:-1] + 1)
     starts = np.flatnonzero(new_run)
-    ends = np.append(starts[1:], rows.size) - 1
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        row, first, last = rows[a], at[a], at[b] + 1  # positions first..last are tied
-        rank_at[row, first : last + 1] = (first + last) / 2 + 1
-
-
-def _tied_ranks(values: np.ndarray, tied: np.ndarray) -> np.ndarray:
-    """The average rank at every sorted position, vectorised (for many ties)."""
-    n = values.shape[1]
-    starts = np.ones(values.shape, bool)
-    starts[:, 1:] = ~tied
-    pos = np.arange(n)[None, :]
-    ends = np.ones(values.shape, bool)
-    ends[:, :-1] = starts[:, 1:]
-    first = np.maximum.accumulate(np.where(starts, pos, 0), axis=1)
-    last = np.minimum.accumulate(np.where(ends, pos, n)[:, ::-1], axis=1)[:, ::-1]
-    return (first + last) / 2 + 1
+    lengths = np.diff(starts, append=rows.size) + 1  # positions in each run
+    first = at[starts]
+    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rank_at = np.tile(np.arange(1.0, n + 1), (values.shape[0], 1))
+    rank_at[np.repeat(rows[starts], lengths), np.repeat(first, lengths) + within] = np.repeat(
+        first + (lengths - 1) / 2 + 1, lengths
+    )
+    return rank_at
 
 
 def z_scale(x: np.ndarray) -> np.ndarray:
     """Rank-normalised values (average ranks, Blom's offset, normal quantiles), per column."""
     m, n, k = x.shape
-    return _normal_scores(average_ranks(x.reshape(m * n, k)), x.shape)
+    values, order = _sort(np.ascontiguousarray(x.reshape(m * n, k).T))
+    return _unsort(_scores_at(_rank_at(values)), order).T.reshape(x.shape)
 
 
-def _normal_scores(rank: np.ndarray, shape: tuple) -> np.ndarray:
-    """Blom's normal scores of ranks ``(size, k)`` among ``size``, shaped ``shape``."""
-    size = rank.shape[0]
-    return special.ndtri((rank - 0.375) / (size - 0.75 + 1)).reshape(shape)
+def _scores_at(rank_at: np.ndarray) -> np.ndarray:
+    """Blom's normal scores of the average ranks ``rank_at`` (``(k, size)``, at sorted
+    positions) among ``size``: ``ndtri((rank - 3/8) / (size + 1/4))``. Where no tie moved
+    a rank, the score is read from one table for every column."""
+    size = rank_at.shape[1]
+    ranks, table = _blom_table(size)
+    out = np.empty(rank_at.shape)
+    out[:] = table
+    moved = rank_at != ranks
+    if moved.any():
+        out[moved] = _blom(rank_at[moved], size)
+    return out
+
+
+def _blom(rank: np.ndarray, size: int) -> np.ndarray:
+    return special.ndtri((rank - 0.375) / (size - 0.75 + 1))
+
+
+@functools.lru_cache(maxsize=4)
+def _blom_table(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ranks 1..size, their scores)``, read-only (shared by threads and calls)."""
+    ranks = np.arange(1.0, size + 1)
+    table = _blom(ranks, size)
+    ranks.flags.writeable = table.flags.writeable = False
+    return ranks, table
 
 
 def _median(ordered: np.ndarray) -> np.ndarray:
@@ -152,20 +176,36 @@ def rhat(x: np.ndarray) -> np.ndarray:
     return np.maximum(_rhat(z_scale(s)), _rhat(z_scale(folded)))
 
 
-def _autocov(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean over chains of the autocovariances (n, k), each chain's variance (m, k))``.
+def _autocov(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean over chains of the autocovariances (n, k), each chain's variance (k, m))``
+    of ``cols`` (``(k, m, n)``: column, chain, draw).
 
-    ESS needs no chain's own autocovariances but at lag 0: the FFT is linear, so the
-    chains' power spectra are averaged before the one inverse FFT per column.
+    ESS needs no chain's own autocovariances but at lag 0. Short chains (``_GRAM_DRAWS``
+    draws or fewer): the sum over chains of ``y[i] * y[i + t]`` is the ``t``-th diagonal
+    of one ``n x n`` Gram matrix per column, a matrix product (10,000 chains x 100 draws:
+    39 against 71 ms for three columns by FFT). Longer ones: the FFT is linear, so the
+    chains' power spectra are averaged before the one inverse FFT per column. Either is
+    ArviZ's autocovariance to round-off.
     """
-    n = x.shape[1]
+    k, c, n = cols.shape
+    y = cols - cols.mean(axis=2, keepdims=True)
+    variances = np.einsum("kcn,kcn->kc", y, y) / n
+    if n <= _GRAM_DRAWS:
+        acov = np.empty((n, k))
+        for j in range(k):
+            gram = y[j].T @ y[j]  # (n, n)
+            acov[:, j] = [np.trace(gram, offset=t) for t in range(n)]
+        return acov / (c * n), variances
     m = next_fast_len(2 * n)
-    y = np.ascontiguousarray(np.moveaxis(x - x.mean(axis=1, keepdims=True), 1, 2))
     f = np.fft.rfft(y, n=m, axis=2)
     power = np.square(f.real)
     power += np.square(f.imag)
-    mean = np.fft.irfft(power.mean(axis=0), n=m, axis=1)[:, :n] / n
-    return mean.T, np.einsum("ckn,ckn->ck", y, y) / n
+    return (np.fft.irfft(power.mean(axis=1), n=m, axis=1)[:, :n] / n).T, variances
+
+
+_GRAM_DRAWS = (
+    512  # measured (one BLAS thread): at 512 draws 56 against 68 ms; at 1,000, 81 against 68
+)
 
 
 def _tau(rho: np.ndarray, n: int) -> np.ndarray:
@@ -192,11 +232,12 @@ def _tau(rho: np.ndarray, n: int) -> np.ndarray:
 def ess(x: np.ndarray) -> np.ndarray:
     """Effective sample size of each column of ``x`` (ArviZ's ``_ess``)."""
     m, n, _ = x.shape
-    acov_mean, variances = _autocov(x)
-    mean_var = variances.mean(axis=0) * n / (n - 1.0)
+    cols = np.ascontiguousarray(np.moveaxis(x, 2, 0))  # reduced along contiguous draws
+    acov_mean, variances = _autocov(cols)
+    mean_var = variances.mean(axis=1) * n / (n - 1.0)
     var_plus = mean_var * (n - 1.0) / n
     if m > 1:
-        var_plus = var_plus + np.var(x.mean(axis=1), axis=0, ddof=1)
+        var_plus = var_plus + np.var(cols.mean(axis=2), axis=1, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = 1.0 - (mean_var - acov_mean) / var_plus
     rho[0] = 1.0
@@ -204,7 +245,7 @@ def ess(x: np.ndarray) -> np.ndarray:
     tau = np.maximum(_tau(rho, n), 1 / np.log10(size))
     out = size / tau
     out = np.where(np.isnan(rho).any(axis=0), np.nan, out)
-    constant = (x.max(axis=(0, 1)) - x.min(axis=(0, 1))) < np.finfo(float).resolution
+    constant = (cols.max(axis=(1, 2)) - cols.min(axis=(1, 2))) < np.finfo(float).resolution
     return np.where(constant, float(size), out)
 
 
@@ -302,42 +343,69 @@ _BLOCK_VALUES = 1_000_000  # values of x per block (one thread does smaller arra
 
 
 def _rhat_and_ess(x: np.ndarray, superchains: np.ndarray | None) -> tuple[np.ndarray, ...]:
-    """``rhat_and_ess`` on one thread."""
+    """``rhat_and_ess`` on one thread: one sort of each column gives the ranks, the
+    median, the folded ranks and (an even draw count splits into every draw) the tail
+    quantiles."""
     k = x.shape[2]
     s = split(x)
-    ranks, ordered, order = _ranked(s.reshape(-1, k))
-    z = _normal_scores(ranks.T, s.shape)
-    folded_ranks, whole = None, None
-    if np.isnan(ordered[:, -1]).any():  # nan sorts last: np.median's nan, and no reuse
-        median = np.median(s.reshape(-1, k), axis=0)
-    else:  # an even draw count splits into every draw: x's values in order too
-        median, whole = _median(ordered), (ordered if x.shape[1] % 2 == 0 else None)
-        folded_ranks = _folded_ranks(ordered, order, median)
-    if folded_ranks is None:
-        folded = z_scale(np.abs(s - median))
+    values, order = _sort(np.ascontiguousarray(s.reshape(-1, k).T))
+    z = _unsort(_scores_at(_rank_at(values)), order).T.reshape(s.shape)
+    if np.isnan(values[:, -1]).any():  # nan sorts last: np.median's nan
+        folded, whole = z_scale(np.abs(s - np.median(s.reshape(-1, k), axis=0))), None
     else:
-        folded = _normal_scores(folded_ranks, s.shape)
+        at = _scores_at_folded(values, _median(values))
+        folded = _unsort(at, order).T.reshape(s.shape)
+        whole = values if x.shape[1] % 2 == 0 else None
     r = np.maximum(_rhat(z), _rhat(folded)) if x.shape[0] >= 2 else np.ones(k)
-    e = ess(np.concatenate([z, _tail_indicators(x, whole)], axis=2))
-    out = (r, e[:k], np.minimum(e[k : 2 * k], e[2 * k :]))
+    tail = ess(_tail_indicators(x, whole))
+    out = (r, ess(z), np.minimum(tail[:k], tail[k:]))
     if superchains is None:
         return out
     ids = np.concatenate([np.asarray(superchains)] * 2)
     return (*out, np.maximum(_nested(z, ids), _nested(folded, ids)))
 
 
+def _scores_at_folded(values: np.ndarray, median: np.ndarray) -> np.ndarray:
+    """The normal scores of ``|x - median|`` at each position of ``values`` (``(k,
+    size)``, each column's values in order; no nan).
+
+    No second sort: the distances below the median, read leftwards, and those above it,
+    read rightwards, are two ascending runs; a stable sort of the two (timsort) merges
+    them in one pass (26 ms for two million, against 62 ms by binary searches), and the
+    merged distances are ranked with ties averaged.
+    """
+    k, n = values.shape
+    out = np.empty((k, n))
+    for c in range(k):
+        v, m = values[c], median[c]
+        cut = int(np.searchsorted(v, m, side="left"))
+        distance = np.concatenate([(m - v[:cut])[::-1], v[cut:] - m])
+        merged = np.argsort(distance, kind="stable")  # timsort: two runs merged, O(size)
+        at = np.empty(n)
+        at[merged] = _scores_at(_rank_at(distance[merged][None]))[0]
+        out[c, :cut] = at[:cut][::-1]
+        out[c, cut:] = at[cut:]
+    return out
+
+
 def _nested(x: np.ndarray, superchains: np.ndarray) -> np.ndarray:
     """Nested R-hat of each column (arviz-stats' ``_rhat_nested``; chains already split)."""
-    ids = np.unique(superchains)
-    per = len(superchains) // len(ids)
+    ids, group, count = np.unique(superchains, return_inverse=True, return_counts=True)
     mean, var = x.mean(axis=1), np.var(x, axis=1, ddof=1)  # (chains, k)
-    groups = np.stack([superchains == s for s in ids])  # (K, chains)
-    super_mean = np.stack([mean[g].mean(axis=0) for g in groups])
-    if per == 1:
-        between_chain = np.zeros_like(super_mean)
+    if (count == count[0]).all():  # superchains of equal sizes: one pass
+        order = np.argsort(group, kind="stable")
+        means = mean[order].reshape(len(ids), count[0], -1)
+        super_mean, within_chain = means.mean(axis=1), var[order].reshape(means.shape).mean(1)
+        between_chain = np.var(means, axis=1, ddof=1) if count[0] > 1 else 0.0
     else:
-        between_chain = np.stack([np.var(mean[g], axis=0, ddof=1) for g in groups])
-    within_chain = np.stack([var[g].mean(axis=0) for g in groups])
+        groups = [group == g for g in range(len(ids))]
+        super_mean = np.stack([mean[g].mean(axis=0) for g in groups])
+        within_chain = np.stack([var[g].mean(axis=0) for g in groups])
+        between_chain = (
+            np.stack([np.var(mean[g], axis=0, ddof=1) for g in groups])
+            if len(superchains) // len(ids) > 1
+            else 0.0
+        )
     between_super = np.var(super_mean, axis=0, ddof=1)
     within_super = np.mean(within_chain + between_chain, axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
