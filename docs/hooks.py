@@ -22,7 +22,9 @@ def _prune(items, docs_dir):
                 continue
             missing = not os.path.exists(os.path.join(docs_dir, value))
             if isinstance(value, str) and value in OPTIONAL_PAGES and missing:
-                log.info("nav: %s is not written yet; left out of the nav", value)
+                log.info(
+                    "nav: %s is not written yet; left out of the nav", value
+                )
                 continue
         kept.append(item)
     return kept

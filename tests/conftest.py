@@ -56,6 +56,7 @@ ONLY_ON = {
         "test_docs.py::*[[]batches.md]",
         "test_docs.py::*[[]compilation.md]",
         "test_docs.py::*[[]mesh.md]",
+        "test_docs.py::*[[]gpu.md]",
         "test_docs.py::*[[]multi-host.md]",
         "test_docs.py::*[[]warmup.md]",
         "test_docs.py::*[[]ensembles.md]",

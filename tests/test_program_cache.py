@@ -10,6 +10,7 @@ import functools
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -324,6 +325,19 @@ def test_a_second_process_loads_the_programs_without_tracing(tmp_path):
     assert again["traced"]["chunk"] == 1 and again["x"] == first["x"]
     off = _process(tmp_path / "unused", 1.0, off=True)  # CHAINRUNNER_CACHE=off: no folder
     assert off["x"] == first["x"] and not (tmp_path / "unused").exists()
+
+
+def test_a_program_served_by_jaxs_cache_is_not_stored_again(tmp_path):
+    """An executable that JAX's persistent cache loaded, serialized again, failed in the
+    next process (``Function wrapped_iota not found``): such a compile is left to JAX's
+    cache, and every later process runs."""
+    folder = tmp_path / "cache"
+    first = _process(folder, 1.0)
+    shutil.rmtree(folder / "programs")  # (evicted, say): JAX's cache serves the compile
+    second = _process(folder, 1.0)
+    assert second["jax_cache_hits"] >= 1 and not any((folder / "programs").glob("*.bin"))
+    third = _process(folder, 1.0)
+    assert first["x"] == second["x"] == third["x"]
 
 
 @pytest.mark.parametrize("adaptation", ["fisher_low_rank", "window"])

@@ -48,7 +48,9 @@ INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
 # fingerprint of (the model's graphs and data, sampler and options) -> PymcModel: the same
 # model, or a new pm.Model of the same model (a notebook cell run again), and arguments
 # give the same adapter, hence the same compiled programs.
-_ADAPTERS = FingerprintCache(32)
+# What ``model_words`` names by identity are PyTensor's graph objects (ops, their output
+# type rules): immutable once built, so an equal fingerprint is the same model.
+_ADAPTERS = FingerprintCache(32, trust_identities=True)
 
 
 def _pymc() -> Any:

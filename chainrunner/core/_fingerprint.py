@@ -117,7 +117,9 @@ class FingerprintCache:
     redefined a helper, a doctest's namespace was cleared) no longer computes what it
     did, and the value is built anew from ``source``. A fingerprint that holds an
     identity (an object whose state is not read) is reused for that very ``source``
-    only: the object may have changed since.
+    only, since the object may have changed since; unless ``trust_identities``: the
+    caller knows that the objects its sources name by identity never change (the ops
+    of a PyTensor graph).
 
     Examples:
         >>> cache = FingerprintCache(4)
@@ -126,9 +128,10 @@ class FingerprintCache:
         True
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, *, trust_identities: bool = False):
         self._lru = LRU(size)
         self._lock = threading.RLock()
+        self._trust = trust_identities
 
     def get(self, source: Any, build: Any) -> Any:
         """The value for ``source``'s fingerprint, built with ``build()`` if missing."""
@@ -137,7 +140,8 @@ class FingerprintCache:
         with self._lock:
             hit, entry = self._lru.lookup(key)
             if hit and (
-                entry[0] is source or (found.stable and fingerprint(entry[0]).key == found.key)
+                entry[0] is source
+                or ((found.stable or self._trust) and fingerprint(entry[0]).key == found.key)
             ):
                 return entry[1]
             value = build()

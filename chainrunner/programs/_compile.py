@@ -117,8 +117,9 @@ def _compile(program: Any, args: tuple, on_traced: Any, identity: tuple | None) 
         on_traced(traced.out_info)
     lowered = traced.lower()
     digest = hashlib.blake2b(lowered.as_text().encode(), digest_size=20).hexdigest()
-    compiled = _store.Program(lowered.compile(), digest)
-    if name is not None:
+    executable, fresh = _store.compile_fresh(lowered)
+    compiled = _store.Program(executable, digest)
+    if name is not None and fresh:  # (JAX's cache served it: it stays there)
         _store.save(name, compiled, devices)
     return compiled
 

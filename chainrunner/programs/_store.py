@@ -365,6 +365,33 @@ _jax_users: list[Any] = []  # the runs inside jax_cache now; [0]: JAX's settings
 _jax_lock = threading.Lock()
 
 
+_served: set[int] = set()  # threads whose last compile JAX's persistent cache served
+_listening: list[bool] = []
+
+
+def _on_event(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _served.add(threading.get_ident())
+
+
+def compile_fresh(lowered: Any) -> tuple[Any, bool]:
+    """``(lowered.compile(), whether XLA compiled it)``: ``False`` where JAX's persistent
+    cache served it. Measured: an executable JAX's cache loaded, serialized again into
+    ``programs/``, fails in the next process (XLA's CPU client: ``NOT_FOUND: Function
+    wrapped_iota not found``), so ``save`` is given only executables XLA compiled.
+    JAX reports a hit on the thread that compiles (``jax.monitoring``)."""
+    with _jax_lock:
+        if not _listening:
+            jax.monitoring.register_event_listener(_on_event)
+            _listening.append(True)
+    me = threading.get_ident()
+    _served.discard(me)
+    executable = lowered.compile()
+    served = me in _served
+    _served.discard(me)
+    return executable, not served
+
+
 @contextlib.contextmanager
 def jax_cache() -> Iterator[None]:
     """JAX's persistent compilation cache in ``<cache folder>/jax`` while a run compiles.
