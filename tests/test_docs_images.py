@@ -26,7 +26,12 @@ DOCS = os.path.join(ROOT, "docs")
 IMAGES = os.path.join(DOCS, "images")
 PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md"))
 # The pages whose plots are redrawn with their code's hash (docs/gen_images.py <page>).
-HASHED_PLOTS = ("quickstart.md", "tutorial-eight-schools.md", "tutorial-pymc.md")
+HASHED_PLOTS = (
+    "quickstart.md",
+    "tutorial-eight-schools.md",
+    "tutorial-pymc.md",
+    "how-many-draws.md",
+)
 LINE = re.compile(
     r"(\d+) chains on (\d+) device\(s\), (\d+) per device, batch_size=(all|\d+)"
     r"(?: \((\d+) padded\))?"
