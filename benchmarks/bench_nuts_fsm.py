@@ -3,17 +3,21 @@
 Under ``vmap``, NUTS makes every chain of a batch wait at every draw for the longest
 trajectory of the batch. The state machine (``adapters/_blackjax/_nuts_fsm.py``, after
 Dance et al. 2025) advances every chain by one leapfrog step per tick instead, and a
-chain whose transition ends starts its next one at the next tick: the batch waits for
-its slowest chain once per chunk.
+chain whose transition ends starts its next one at once: the batch waits for its
+slowest chain once per chunk. ``cr.run`` uses it wherever it vmaps ``blackjax.nuts``.
 
 Per model and width (chains per device), on ``--devices`` devices, the same fixed step
-size and mass matrix for both, ``--draws`` draws per chain from the same starts:
+size and mass matrix, ``--draws`` draws per chain from the same starts and keys:
 
 - ``vmap``: ``jit(shard_map(vmap(scan(nuts.step))))``, the hand-written floor;
-- ``fsm``: ``jit(shard_map(tick loop))``, the machine.
+- ``fsm``: ``jit(shard_map(chunk_machine))``, the machine alone;
+- ``run``: ``cr.run(nuts, ..., batch_size=None)``: the vmapped run users get (its
+  ``sampling_time``);
+- ``run_1``: ``cr.run(nuts, ..., batch_size=1)``: chains one after another, no vmap
+  (widths up to 32).
 
-Reported: seconds per run (compile excluded, median of ``--reps``, interleaved), the
-speed-up ``vmap / fsm``, leapfrog steps per draw, and the barrier the ``vmap`` pays
+Reported: seconds per run (compile excluded, median of ``--reps``, interleaved), each
+speed-up over ``vmap``, leapfrog steps per draw, and the wait the ``vmap`` pays
 (``E[max n_steps over a batch] / E[mean n_steps]``). ``--gpu`` runs the same on the
 first accelerator (widths 1,024 and 4,096 too).
 
@@ -76,13 +80,12 @@ def programs(name: str, width: int, devices: int, draws: int):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from chainrunner.adapters._blackjax._nuts_fsm import nuts_machine
+    from chainrunner.adapters._blackjax._nuts_fsm import chunk_machine, nuts_spec
+    from chainrunner.core._kernel import default_extract
 
     logdensity, dim, eps = model(name)
     mesh = jax.make_mesh((devices,), ("chain",))
     nuts = blackjax.nuts(logdensity, eps, jnp.ones(dim))
-    machine = nuts_machine(logdensity)(jnp.ones(dim))
-    eps = jnp.float32(eps)
 
     def floor(states, keys):
         def one(state, key):
@@ -95,36 +98,9 @@ def programs(name: str, width: int, devices: int, draws: int):
         return jax.vmap(one)(states, keys)
 
     def fsm(states, keys):
-        b = keys.shape[0]
-        rows = jnp.arange(b)
-        begin = jax.vmap(machine.begin, in_axes=(0, 0, None))
-        first = begin(jax.vmap(jax.random.fold_in)(keys, jnp.zeros(b, jnp.int32)), states, eps)
-        buf = (jnp.zeros((b, draws, dim)), jnp.zeros((b, draws), jnp.int32))
-
-        def more(c):
-            return jnp.any(c[1] < draws)
-
-        def tick(c):
-            m, count, (pos, steps) = c
-            m = jax.vmap(machine.tick)(m)
-            new, info = jax.vmap(machine.result)(m)
-            end = m.done & (count < draws)
-            at = jnp.minimum(count, draws - 1)
-            pos = pos.at[rows, at].set(jnp.where(end[:, None], new.position, pos[rows, at]))
-            steps = steps.at[rows, at].set(jnp.where(end, info.num_integration_steps,
-                                                     steps[rows, at]))  # fmt: skip
-            count = count + end
-            nxt = begin(jax.vmap(jax.random.fold_in)(keys, count), new, eps)
-            m = jax.tree.map(
-                lambda a, b_: jnp.where(
-                    (end & (count < draws)).reshape((-1,) + (1,) * (a.ndim - 1)), a, b_
-                ),
-                nxt,
-                m,
-            )
-            return m, count, (pos, steps)
-
-        return jax.lax.while_loop(more, tick, (first, jnp.zeros(b, jnp.int32), buf))[2]
+        loop = chunk_machine(nuts_spec(nuts), default_extract, draws)
+        out = loop(states, keys, jnp.int32(0), jnp.int32(draws))[1]
+        return out[0], out[1]["n_steps"]
 
     def sharded(f):
         return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("chain"), out_specs=P("chain"),
@@ -138,32 +114,61 @@ def programs(name: str, width: int, devices: int, draws: int):
     return sharded(floor), sharded(fsm), args
 
 
-def timed(f, args) -> tuple[float, object]:
+def run_call(name: str, width: int, devices: int, draws: int, batch_size):
+    """``cr.run`` of the same NUTS, starts and draws: ``() -> (n_steps, sampling_time)``
+    (the run's own ``attrs["sampling_time"]``: its chunk loop, draws moved to the host;
+    not the diagnostics and the trace around it)."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+
+    import chainrunner as cr
+
+    logdensity, dim, eps = model(name)
+    nuts = blackjax.nuts(logdensity, eps, jnp.ones(dim))
+    x0 = 0.1 * jax.random.normal(jax.random.key(0), (width * devices, dim))
+    mesh = cr.chain_mesh(devices)
+
+    def call():
+        trace = cr.run(nuts, jax.random.key(1), x0, draws, mesh=mesh, batch_size=batch_size,
+                       progress=False)  # fmt: skip
+        return np.asarray(trace.stats["n_steps"]), trace.attrs["sampling_time"]
+
+    return call
+
+
+def timed(f) -> tuple[float, object]:
     import jax
 
     t0 = time.perf_counter()
-    out = jax.block_until_ready(f(*args))
+    out = jax.block_until_ready(f())
     return time.perf_counter() - t0, out
 
 
 def row(name: str, width: int, devices: int, draws: int, reps: int) -> dict:
     floor, fsm, args = programs(name, width, devices, draws)
-    out = {}
-    for label, f in (("vmap", floor), ("fsm", fsm)):
-        out[label] = timed(f, args)[1]  # compile
-    times = {"vmap": [], "fsm": []}
+    calls = {"vmap": lambda: floor(*args), "fsm": lambda: fsm(*args),
+             "run": run_call(name, width, devices, draws, None)}  # fmt: skip
+    if width <= 32:  # chains one after another: no vmap, no wait (slow at large widths)
+        calls["run_1"] = run_call(name, width, devices, draws, 1)
+    out = {label: timed(f)[1] for label, f in calls.items()}  # compiles
+    times = {label: [] for label in calls}
     for r in range(reps):
-        for label in ("vmap", "fsm") if r % 2 == 0 else ("fsm", "vmap"):
-            times[label].append(timed(floor if label == "vmap" else fsm, args)[0])
+        for label in calls if r % 2 == 0 else list(calls)[::-1]:
+            seconds, got = timed(calls[label])
+            times[label].append(got[1] if label.startswith("run") else seconds)
     steps = np.asarray(out["vmap"][1])  # (chains, draws)
     per_batch = steps.reshape(devices, width, draws)
     barrier = float(per_batch.max(axis=1).mean() / per_batch.mean())
-    fsm_steps = np.asarray(out["fsm"][1])
-    t_vmap, t_fsm = float(np.median(times["vmap"])), float(np.median(times["fsm"]))
-    return {"model": name, "width": width, "devices": devices, "draws": draws,
-            "vmap_s": t_vmap, "fsm_s": t_fsm, "speedup": t_vmap / t_fsm, "barrier": barrier,
-            "steps_per_draw_vmap": float(steps.mean()),
-            "steps_per_draw_fsm": float(fsm_steps.mean())}  # fmt: skip
+    med = {label: float(np.median(t)) for label, t in times.items()}
+    result = {"model": name, "width": width, "devices": devices, "draws": draws,
+              "vmap_s": med["vmap"], "fsm_s": med["fsm"], "speedup": med["vmap"] / med["fsm"],
+              "run_s": med["run"], "run_speedup": med["vmap"] / med["run"],
+              "barrier": barrier, "steps_per_draw_vmap": float(steps.mean()),
+              "steps_per_draw_fsm": float(np.asarray(out["fsm"][1]).mean())}  # fmt: skip
+    if "run_1" in med:
+        result.update(run_1_s=med["run_1"], run_1_speedup=med["vmap"] / med["run_1"])
+    return result
 
 
 def main() -> None:
@@ -191,10 +196,12 @@ def main() -> None:
             r = row(name, width, devices, args.draws, args.reps)
             rows.append(r)
             print(json.dumps(r), flush=True)
-    print("\n| model | width | vmap (s) | fsm (s) | speed-up | barrier | steps/draw |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| model | width | vmap (s) | machine (s) | speed-up | cr.run vmapped | cr.run, 1 "
+          "| wait | steps/draw |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        figures = (r["vmap_s"], r["fsm_s"], r["speedup"], r["barrier"])
+        figures = (r["vmap_s"], r["fsm_s"], r["speedup"], r["run_speedup"],
+                   r.get("run_1_speedup", float("nan")), r["barrier"])  # fmt: skip
         cells = (r["model"], r["width"], *(f"{v:.2f}" for v in figures),
                  f"{r['steps_per_draw_fsm']:.1f}")  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")

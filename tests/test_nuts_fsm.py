@@ -1,8 +1,9 @@
-"""blackjax's NUTS as a state machine (issue 37): the same transition, tick by tick.
+"""blackjax's NUTS as a state machine (issue 37): blackjax's draws, with no chain waiting.
 
-The machine (``adapters/_blackjax/_nuts_fsm.py``) calls blackjax's own pieces in the same
-order with the same keys as ``blackjax.nuts``: run to its end, a transition equals
-blackjax's, draw for draw (to XLA's rounding), with the same statistics.
+The machine (``adapters/_blackjax/_nuts_fsm.py``) advances every chain of a batch by one
+leapfrog step per tick and draws its random numbers from each transition's key as
+blackjax's kernel does: a chunk of it equals ``vmap(scan(blackjax.nuts(...).step))`` with
+the same keys, draw for draw, with the same statistics.
 """
 
 import blackjax
@@ -11,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from chainrunner.adapters._blackjax._nuts_fsm import nuts_machine
+from chainrunner.adapters._blackjax._nuts_fsm import chunk_machine, nuts_spec
+from chainrunner.core._kernel import default_extract
 
 D = 6
 A = jnp.asarray(np.random.default_rng(0).normal(size=(D, D)), jnp.float32)
@@ -27,52 +29,158 @@ def funnel(x):  # a hard target: divergences and long trajectories
     )
 
 
-@pytest.mark.parametrize(
-    "logdensity, imm, step_size, depth",
-    [(correlated, jnp.ones(D), 0.3, 10), (correlated, jnp.eye(D) * 0.5, 0.4, 3),
-     (funnel, jnp.ones(D), 0.9, 10)],
-)  # fmt: skip
-def test_a_transition_is_blackjaxs(logdensity, imm, step_size, depth):
-    """200 transitions from the same states and keys: the same draw, steps, doublings,
-    divergences, U-turns, acceptance rate and energy (diagonal and dense metrics, a
-    maximum depth that binds, a funnel that diverges)."""
+def sites(x):  # a dict position, as numpyro and PyMC models have them
+    return correlated(jnp.concatenate([x["a"], x["b"].ravel()]))
+
+
+def _blackjax_chunk(nuts, states, keys, start, n):
+    def one(state, key):
+        def body(s, t):
+            s, info = nuts.step(jax.random.fold_in(key, t), s)
+            return s, default_extract(s, info)
+
+        return jax.lax.scan(body, state, start + jnp.arange(n))
+
+    return jax.jit(jax.vmap(one))(states, keys)
+
+
+CASES = [
+    (correlated, jnp.ones(D), 0.3, 10),
+    (correlated, jnp.eye(D) * 0.5 + 0.1, 0.4, 3),  # dense metric, a depth that binds
+    (funnel, jnp.ones(D), 0.9, 10),  # divergences
+]
+
+
+@pytest.mark.parametrize("logdensity, imm, step_size, depth", CASES)
+def test_a_chunk_is_blackjaxs_draw_for_draw(logdensity, imm, step_size, depth):
+    """12 chains, 60 draws from step 5: the draws, steps, doublings, divergences, U-turns,
+    acceptance rates and energies of a vmapped ``blackjax.nuts(...).step``; the rows past
+    ``n_valid`` stay zeros, and the returned state is the last draw's. The funnel is
+    chaotic: XLA's rounding (1e-6 at first) grows along a chain, as between two vmap widths
+    (docs/reproducibility.md), so there the first 12 draws are compared."""
     nuts = blackjax.nuts(logdensity, step_size, imm, max_num_doublings=depth)
-    machine = nuts_machine(logdensity, max_num_doublings=depth)(imm)
-
-    @jax.jit
-    def fsm_step(key, state):
-        m = machine.begin(key, state, jnp.float32(step_size))
-        return machine.result(jax.lax.while_loop(lambda q: ~q.done, machine.tick, m))
-
-    ref_step = jax.jit(nuts.step)
-    state = nuts.init(jnp.ones(D))
-    seen = {"diverging": 0, "max_depth": 0}
-    for t in range(200):
-        key = jax.random.fold_in(jax.random.key(3), t)
-        (ref, ref_info), (got, info) = ref_step(key, state), fsm_step(key, state)
-        np.testing.assert_allclose(got.position, ref.position, rtol=1e-5, atol=1e-6)
-        for field in ("num_integration_steps", "num_trajectory_expansions", "is_divergent",
-                      "is_turning"):  # fmt: skip
-            assert int(getattr(info, field)) == int(getattr(ref_info, field)), (t, field)
-        for field in ("acceptance_rate", "energy"):
-            np.testing.assert_allclose(getattr(info, field), getattr(ref_info, field),
-                                       rtol=1e-5, atol=1e-6)  # fmt: skip
-        seen["diverging"] += int(info.is_divergent)
-        seen["max_depth"] += int(info.num_trajectory_expansions) == depth
-        state = ref
+    starts = jax.vmap(nuts.init)(jax.random.normal(jax.random.key(0), (12, D)))
+    keys = jax.random.split(jax.random.key(1), 12)
+    loop = jax.jit(chunk_machine(nuts_spec(nuts), default_extract, 64))
+    final, (draws, stats) = loop(starts, keys, jnp.int32(5), jnp.int32(60))
+    ref_final, (ref, ref_stats) = _blackjax_chunk(nuts, starts, keys, 5, 60)
+    n = 12 if logdensity is funnel else 60
+    np.testing.assert_allclose(draws[:, :n], ref[:, :n], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(draws[:, 60:], 0)
+    if n == 60:
+        np.testing.assert_allclose(final.position, ref_final.position, rtol=1e-5, atol=1e-5)
+    for name in ("n_steps", "tree_depth", "diverging"):
+        np.testing.assert_array_equal(stats[name][:, :n], ref_stats[name][:, :n], err_msg=name)
+    for name in ("acceptance_rate", "energy", "lp"):
+        np.testing.assert_allclose(stats[name][:, :n], ref_stats[name][:, :n], rtol=1e-3,
+                                   atol=1e-3)  # fmt: skip
     if logdensity is funnel:
-        assert seen["diverging"] > 0  # the divergence path was exercised
+        assert ref_stats["diverging"][:, :n].sum() > 0  # the divergence path was exercised
     if depth == 3:
-        assert seen["max_depth"] > 0  # and the depth limit
+        assert (ref_stats["tree_depth"] == depth).sum() > 0  # and the depth limit
 
 
-def test_an_ended_machine_stays_as_it_is():
-    machine = nuts_machine(correlated)(jnp.ones(D))
-    nuts = blackjax.nuts(correlated, 0.3, jnp.ones(D))
-    m = machine.begin(jax.random.key(0), nuts.init(jnp.ones(D)), jnp.float32(0.3))
-    m = jax.lax.while_loop(lambda q: ~q.done, machine.tick, m)
-    again = machine.tick(m)
-    for a, b in zip(jax.tree.leaves(m), jax.tree.leaves(again), strict=True):
-        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
-            a, b = jax.random.key_data(a), jax.random.key_data(b)
-        np.testing.assert_array_equal(a, b)
+def test_a_chains_draws_do_not_depend_on_its_batch():
+    """Chain 0 alone, with 3 others, or with 15 others: the same draws, bit for bit."""
+    nuts = blackjax.nuts(funnel, 0.7, jnp.ones(D))
+    starts = jax.vmap(nuts.init)(jax.random.normal(jax.random.key(2), (16, D)))
+    keys = jax.random.split(jax.random.key(3), 16)
+    loop = jax.jit(chunk_machine(nuts_spec(nuts), default_extract, 40))
+    out = [loop(jax.tree.map(lambda x, b=b: x[:b], starts), keys[:b], jnp.int32(0),
+                jnp.int32(40)) for b in (1, 4, 16)]  # fmt: skip
+    for other in out[1:]:
+        np.testing.assert_array_equal(other[1][0][0], out[0][1][0][0])
+        np.testing.assert_array_equal(other[1][1]["n_steps"][0], out[0][1][1]["n_steps"][0])
+
+
+def test_dict_positions_and_an_empty_chunk():
+    """A position of several sites is flattened inside and given back as it was; with
+    ``n_valid=0`` nothing runs and the states come back unchanged."""
+    nuts = blackjax.nuts(sites, 0.3, jnp.ones(D))
+    position = {"a": jnp.ones((4, 2)), "b": jnp.zeros((4, 2, 2))}
+    starts = jax.vmap(nuts.init)(position)
+    keys = jax.random.split(jax.random.key(4), 4)
+    loop = jax.jit(chunk_machine(nuts_spec(nuts), default_extract, 10))
+    _, (draws, _) = loop(starts, keys, jnp.int32(0), jnp.int32(10))
+    _, (ref, _) = _blackjax_chunk(nuts, starts, keys, 0, 10)
+    for k in ("a", "b"):
+        np.testing.assert_allclose(draws[k], ref[k], rtol=1e-5, atol=1e-5)
+    final, (empty, _) = loop(starts, keys, jnp.int32(0), jnp.int32(0))
+    np.testing.assert_array_equal(final.position["b"], starts.position["b"])
+    np.testing.assert_array_equal(empty["a"], 0)
+
+
+def test_only_euclidean_nuts_is_recognised():
+    logdensity = lambda x: -0.5 * x @ x  # noqa: E731
+    assert nuts_spec(blackjax.nuts(logdensity, 0.5, jnp.ones(2))) is not None
+    assert nuts_spec(blackjax.hmc(logdensity, 0.5, jnp.ones(2), 3)) is None
+    assert nuts_spec(blackjax.mala(logdensity, 0.5)) is None
+    assert nuts_spec(object()) is None
+
+
+# --- through cr.run: chains that share a device run as the machine ---------------------
+
+
+def _gaussian(scale):
+    """A fresh 5-d correlated Gaussian log density (a new function: nothing cached)."""
+    cov = np.full((5, 5), 0.5) + 0.5 * np.eye(5)
+    prec = jnp.asarray(np.linalg.inv(cov) / scale**2, jnp.float32)
+    return (lambda x: -0.5 * x @ prec @ x), cov * scale**2
+
+
+def _spy(monkeypatch):
+    from chainrunner.programs import _programs
+
+    calls = []
+    real = _programs.machine_loop
+
+    def spied(loop, batched):
+        calls.append(batched)
+        return real(loop, batched)
+
+    monkeypatch.setattr(_programs, "machine_loop", spied)
+    return calls
+
+
+@pytest.mark.parametrize("devices, batch_size", [(4, None), (2, 3), (8, None)])
+def test_run_vmaps_the_machine_with_blackjaxs_draws(monkeypatch, devices, batch_size):
+    """13 chains (padding), chunks of 30 with a shorter last one: a vmapped run goes
+    through the machine, and each chain's draws are those of ``batch_size=1`` (blackjax's
+    own step, no vmap) to float32 rounding; thinning keeps the plain loop."""
+    import chainrunner as cr
+
+    logdensity, _ = _gaussian(1.0)
+    nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(5))
+    x0 = jax.random.normal(jax.random.key(0), (13, 5))
+    calls = _spy(monkeypatch)
+    kw = dict(mesh=cr.chain_mesh(devices), chunk_size=30, progress=False)
+    vmapped = cr.run(nuts, jax.random.key(1), x0, 70, batch_size=batch_size, **kw)
+    assert calls, "the vmapped run did not use the machine"
+    plain = cr.run(nuts, jax.random.key(1), x0, 70, batch_size=1, **kw)
+    np.testing.assert_allclose(vmapped.draws, plain.draws, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(vmapped.stats["n_steps"], plain.stats["n_steps"])
+    calls.clear()
+    thinned = cr.run(nuts, jax.random.key(1), x0, 20, thinning=2, batch_size=None, **kw)
+    assert not calls
+    np.testing.assert_allclose(thinned.draws, np.asarray(plain.draws)[:, 1:20:2], rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+
+
+def test_run_with_the_machine_samples_the_target():
+    """32 chains x 400 draws on 2 devices, one vmap each: the means and standard
+    deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
+    from mcse import mcse, mcse_sd
+
+    import chainrunner as cr
+
+    logdensity, cov = _gaussian(2.0)
+    nuts = blackjax.nuts(logdensity, 0.9, jnp.full(5, 4.0))
+    x0 = jax.random.normal(jax.random.key(2), (32, 5))
+    trace = cr.run(nuts, jax.random.key(3), x0, 400, mesh=cr.chain_mesh(2), batch_size=None,
+                   progress=False)  # fmt: skip
+    draws = np.asarray(trace.draws, np.float64)
+    for i in range(5):
+        x = draws[..., i]
+        assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
+        sd = np.sqrt(cov[i, i])
+        assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)

@@ -76,6 +76,13 @@ class Kernel(NamedTuple):
             in every process (``run`` sets it from ``Adapter.identity``): kernels with
             the same identity share compiled programs, kept on disk between processes
             (``cr.set_cache``). Two kernels that compute differently must never share one.
+        machine: ``None``, or the same kernel as a state machine for chains that share
+            a device: ``machine(extract, chunk_len)`` gives ``loop(states, step_keys,
+            start, n_valid) -> (states, (draws, stats))`` for a batch of chains (leading
+            axis), which runs draws ``start .. start + n_valid - 1`` of each chain with
+            the keys ``step`` would get, without a chain waiting for another's
+            transition to end (``cr.from_blackjax`` sets it for ``blackjax.nuts``).
+            Used where chains are vmapped and ``thinning`` is 1.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -97,6 +104,7 @@ class Kernel(NamedTuple):
     needs_position: bool = True
     ensemble: Any = None
     identity: str | None = None
+    machine: Callable | None = None
 
     @property
     def functions(self) -> tuple:

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.sharding import Mesh
 
 from ..core._kernel import Kernel
@@ -128,7 +129,37 @@ def chunk_loop(
 
         return jax.lax.fori_loop(0, n_valid, body, (state, buffers))
 
-    return loop
+    if kernel.machine is None or thinning != 1:
+        return loop
+    return machine_loop(loop, kernel.machine(kernel.extract, chunk_len))
+
+
+def machine_loop(loop: Callable, batched: Callable) -> Callable:
+    """``loop`` (one chain's chunk), which under ``vmap`` runs as ``batched`` (a batch's
+    chunk as a state machine, ``Kernel.machine``): the same draws, and no chain of the
+    batch waits for another's transition. Unbatched (``batch_size=1``) it is ``loop``."""
+
+    @custom_vmap
+    def chunk(state, step_key, start, n_valid):
+        return loop(state, step_key, start, n_valid)
+
+    @chunk.def_vmap
+    def rule(axis_size, in_batched, state, step_key, start, n_valid):
+        state_batched, key_batched, start_batched, n_batched = in_batched
+        if start_batched or n_batched:  # not how run calls it: the plain loop, vmapped
+            axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
+            out = jax.vmap(loop, in_axes=axes)(state, step_key, start, n_valid)
+        else:
+            state = jax.tree.map(
+                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x))),
+                state, state_batched,
+            )  # fmt: skip
+            if not key_batched:
+                step_key = jnp.broadcast_to(step_key, (axis_size,))
+            out = batched(state, step_key, start, n_valid)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return chunk
 
 
 def apply_keep(kernel: Kernel, keep: Any) -> Kernel:

@@ -9,6 +9,7 @@ chains (``_warmup_cross_chain``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 from ...core._fingerprint import FingerprintCache, stable_digest
 from ...core._kernel import Adapter, Kernel
 from ...layout import _distributed
-from . import _adaptations, _warmup_fisher, _warmup_tuned
+from . import _adaptations, _nuts_fsm, _warmup_fisher, _warmup_tuned
 from ._adaptations import ADAPTATIONS
 from ._warmup_cross_chain import CrossChainAdaptation
 from ._warmup_pooled import PooledFisherAdaptation
@@ -181,7 +182,9 @@ def from_blackjax(
         def init(position, rng_key):
             return alg.init(position, rng_key)
 
-        return Kernel(init=init, step=alg.step)
+        spec = _nuts_fsm.nuts_spec(alg)
+        machine = None if spec is None else functools.partial(_nuts_fsm.chunk_machine, spec)
+        return Kernel(init=init, step=alg.step, machine=machine)
 
     return _ADAPTED.get(("blackjax", algorithm), lambda: build(algorithm))
 

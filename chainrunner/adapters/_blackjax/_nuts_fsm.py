@@ -1,317 +1,400 @@
-"""blackjax's NUTS as a state machine: one leapfrog step per call, no chain waits.
+"""blackjax's NUTS as a state machine: under ``vmap``, no chain waits for the slowest.
 
-Under ``vmap``, blackjax's NUTS (two nested ``while_loop``s: the doublings, and the
-leapfrog steps of each doubling) runs every chain of a batch until the longest trajectory
-of the batch ends: at every draw each chain waits for the slowest. Dance, Glaser, Orbanz
-& Adams (ICML 2025) recast NUTS as a finite-state machine instead: each vmapped *tick*
-advances every chain by one leapfrog step of its own trajectory, and a chain whose
-transition ends starts its next one at the next tick. A batch then waits for its slowest
-chain once per chunk of draws, not once per draw.
+Under ``vmap``, blackjax's NUTS (nested ``while_loop``s: the doublings, the leapfrog steps
+of each doubling, the U-turn checks of each step) runs every chain of a batch until the
+longest trajectory of the batch ends: at every draw each chain waits for the slowest.
+Dance, Glaser, Orbanz & Adams (ICML 2025) recast NUTS as a finite-state machine instead:
+each vmapped *tick* advances every chain by one leapfrog step of its own trajectory, and a
+chain whose transition ends stores its draw and starts its next transition at once. A
+batch then waits for its slowest chain once per chunk of draws, not once per draw.
 
-This module is that machine, written from the paper's idea on blackjax's own pieces
-(``blackjax.mcmc.trajectory``, ``proposal``, ``termination``, ``integrators``,
-``metrics``), called in the same order with the same keys as blackjax's iterative NUTS
-(``nuts.build_kernel``: ``trajectory.dynamic_multiplicative_expansion`` over
-``dynamic_progressive_integration``): multinomial sampling within a doubling, biased
-progressive sampling across doublings, numpyro's iterative U-turn checkpoints, the
-divergence threshold, the maximum number of doublings. So a chain's transition is
-blackjax's, to XLA's rounding: ``tests/test_nuts_fsm.py`` checks it draw for draw.
+This module is that machine, written from the paper's idea for blackjax's iterative NUTS
+(``blackjax.nuts``: multinomial sampling within a doubling, biased progressive sampling
+across doublings, numpyro's iterative U-turn checkpoints, the divergence threshold, the
+maximum number of doublings), with blackjax's own integrator and metric, and the same
+random numbers: a transition's key is split, folded and drawn exactly as blackjax's
+kernel does, so a chain sees the same random numbers as under ``blackjax.nuts(...).step``
+and its draws equal blackjax's to XLA's rounding (``tests/test_nuts_fsm.py``).
 
-``begin(rng_key, state, step_size, inverse_mass_matrix)`` starts a transition from an
-``HMCState``; ``tick(machine)`` does one leapfrog step; ``machine.done`` says the
-transition has ended; ``result(machine)`` is ``(HMCState, NUTSInfo)``, as
-``blackjax.nuts(...).step`` returns them.
+What makes a tick cheap (measured on CPU, ``benchmarks/bench_nuts_fsm.py``):
+
+- each checkpoint keeps its velocity ``v_i``, ``w_i = S_i - r_i / 2`` (momentum sum less
+  half the momentum) and ``v_i . w_i``; a U-turn check against all checkpoints is then two
+  matrix-vector products, not a ``(depth, dim)`` array per tick (about half the tick);
+- a transition's momentum and keys are drawn for the whole chunk before the loop;
+- a chain's end (its draw stored, its next transition begun) runs under a ``lax.cond``
+  on "some chain ended", not as a ``select`` at every tick.
+
+``nuts_spec(algorithm)`` recognises a built ``blackjax.nuts(...)``;
+``chunk_machine(spec, extract, chunk_len)`` is the batch's chunk of draws.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
-from ...core._lazy import lazy_cond
+from ...core import _threefry
 
-__all__ = ["Machine", "NutsMachine", "nuts_machine"]
+__all__ = ["Spec", "chunk_machine", "nuts_spec"]
+
+
+class Spec(NamedTuple):
+    """What a ``blackjax.nuts(...)`` algorithm is built from (``nuts_spec``)."""
+
+    logdensity_fn: Callable
+    step_size: Any
+    metric: Any
+    max_num_doublings: int
+    divergence_threshold: float
+    integrator: Callable
+
+
+def nuts_spec(algorithm: Any) -> Spec | None:
+    """The ``Spec`` of a ``blackjax.nuts(...)`` ``SamplingAlgorithm``, else ``None``.
+
+    Read from the closures blackjax builds (``build_sampling_algorithm``'s ``step_fn`` over
+    ``nuts.build_kernel``'s ``kernel``). Only a Euclidean metric qualifies (the U-turn
+    checkpoints keep velocities ``M^-1 p``); anything else, or a blackjax whose closures
+    read differently, gives ``None`` and the kernel runs as it is.
+
+    Examples:
+        >>> import blackjax, jax.numpy as jnp
+        >>> spec = nuts_spec(blackjax.nuts(lambda x: -0.5 * x @ x, 0.5, jnp.ones(2)))
+        >>> spec.max_num_doublings, spec.divergence_threshold
+        (10, 1000)
+        >>> nuts_spec(blackjax.hmc(lambda x: -0.5 * x @ x, 0.5, jnp.ones(2), 3)) is None
+        True
+    """
+    step = getattr(algorithm, "step", None)
+    cells = _closure(step)
+    kernel = cells.get("kernel")
+    if kernel is None or not _made_by(kernel, "blackjax.mcmc.nuts", "build_kernel"):
+        return None
+    args, logdensity_fn = cells.get("kernel_args"), cells.get("logdensity_fn")
+    built = _closure(kernel)
+    if not isinstance(args, tuple) or len(args) != 3 or not callable(logdensity_fn):
+        return None
+    step_size, metric, depth = args
+    if not _made_by(getattr(metric, "kinetic_energy", None), "blackjax.mcmc.metrics",
+                    "gaussian_euclidean"):  # fmt: skip
+        return None
+    if "integrator" not in built or "divergence_threshold" not in built:
+        return None
+    return Spec(logdensity_fn, step_size, metric, int(depth), built["divergence_threshold"],
+                built["integrator"])  # fmt: skip
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or cells is None:
+        return {}
+    try:
+        return {n: c.cell_contents for n, c in zip(code.co_freevars, cells, strict=True)}
+    except ValueError:  # an empty cell
+        return {}
+
+
+def _made_by(fn: Any, module: str, builder: str) -> bool:
+    return (getattr(fn, "__module__", None) == module
+            and getattr(fn, "__qualname__", "").startswith(builder + ".<locals>."))  # fmt: skip
 
 
 class Machine(NamedTuple):
-    """One chain's NUTS transition in progress.
+    """One chain's transition in progress (flat vectors; batched under the loop).
 
-    The transition's fields (blackjax's ``DynamicExpansionState`` and what ``propose``
-    keeps): ``key`` (the integrator's key), ``step_size``, ``initial_energy``,
-    ``momentum`` (the transition's initial momentum, for ``NUTSInfo``), ``doubling``
-    (expansions done), ``proposal``, ``trajectory``, ``termination`` (the U-turn
-    checkpoints), ``diverging``, ``turning``; the current doubling's
-    (``DynamicIntegrationState`` and its keys): ``direction``, ``leaf`` (leapfrog steps
-    done in it), ``sub_proposal``, ``sub_trajectory``, ``sub_diverging``,
-    ``sub_terminated``, ``trajectory_key``, ``proposal_key``; and ``done``.
+    ``ends``: the trajectory's left and right ``(q, p, g)`` rows, ``lends`` their log
+    densities; ``front``/``lfront``: the state the current doubling integrates from;
+    ``psum``: the merged trajectory's momentum sum, ``n`` its leapfrog steps;
+    ``spsum``/``leaf``: the current doubling's; ``prop``/``pstat``: the proposal's
+    ``(q, g)`` and ``(logdensity, energy, weight, sum_log_p_accept)``, ``sub``/``sstat``
+    the doubling's; ``ck``: checkpoints ``(v, w, v.w)``; ``e0``: initial energy; ``p0``:
+    initial momentum; ``right``: the doubling's direction; ``rights``, ``tkeys``, ``us``: each
+    doubling's direction, trajectory key (its data) and merge uniform, drawn from the
+    transition's key as blackjax draws them; ``count``: draws stored.
     """
 
-    key: Any
-    step_size: Any
-    initial_energy: Any
-    momentum: Any
-    doubling: Any
-    proposal: Any
-    trajectory: Any
-    termination: Any
-    diverging: Any
-    turning: Any
-    direction: Any
+    ends: Any
+    lends: Any
+    front: Any
+    lfront: Any
+    psum: Any
+    n: Any
+    spsum: Any
     leaf: Any
-    sub_proposal: Any
-    sub_trajectory: Any
-    sub_diverging: Any
-    sub_terminated: Any
-    trajectory_key: Any
-    proposal_key: Any
-    done: Any
-
-
-class NutsMachine(NamedTuple):
-    """The machine's functions (see the module's docstring): ``begin(rng_key, state,
-    step_size)``, ``tick(machine)``, ``result(machine)``."""
-
-    begin: Callable
-    tick: Callable
-    result: Callable
-
-
-def _where(flag: jax.Array, a: Any, b: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.where(flag, x, y), a, b)
-
-
-class Config(NamedTuple):
-    """What a machine is built from, besides the inverse mass matrix (static)."""
-
-    logdensity_fn: Callable
-    integrator: Callable
-    max_num_doublings: int
-    divergence_threshold: float
+    doubling: Any
+    prop: Any
+    pstat: Any
+    sub: Any
+    sstat: Any
+    ck: Any
+    e0: Any
+    p0: Any
+    right: Any
+    rights: Any
+    tkeys: Any
+    us: Any
+    turning: Any
+    diverging: Any
+    count: Any
 
 
 class Parts(NamedTuple):
-    """blackjax's pieces for one inverse mass matrix (``parts``)."""
+    """One chain's functions on flat vectors, from a ``Spec`` and an unravel."""
 
-    config: Config
-    metric: Any
     step: Callable
-    generate_proposal: Callable
-    new_termination: Callable
-    update_termination: Callable
-    is_criterion_met: Callable
+    kinetic: Callable
+    momentum: Callable
+    turning: Callable
+    unravel: Callable
+    key_impl: Any
 
 
-def parts(config: Config, imm: Any) -> Parts:
-    """The metric, integrator, proposal and U-turn functions that ``blackjax.nuts``'s
-    kernel builds at every step, for ``imm``."""
-    from blackjax.mcmc import metrics, proposal, termination, trajectory
+def _parts(spec: Spec, unravel: Callable, key_impl: Any) -> Parts:
+    def logdensity(x):
+        return spec.logdensity_fn(unravel(x))
 
-    metric = metrics.default_metric(imm)
-    new, update, met = termination.iterative_uturn_numpyro(metric.check_turning)
-    _, generate = proposal.proposal_generator(trajectory.hmc_energy(metric.kinetic_energy))
-    step = config.integrator(config.logdensity_fn, metric.kinetic_energy)
-    return Parts(config, metric, step, generate, new, update, met)
+    def kinetic(p):  # (K, M^-1 p): blackjax's kinetic energy and its gradient
+        return jax.value_and_grad(spec.metric.kinetic_energy)(p)
+
+    def momentum(key, q):
+        return ravel_pytree(spec.metric.sample_momentum(key, unravel(q)))[0]
+
+    step = spec.integrator(logdensity, spec.metric.kinetic_energy)
+    return Parts(step, kinetic, momentum, spec.metric.check_turning, unravel, key_impl)
 
 
-def nuts_machine(
-    logdensity_fn: Callable,
-    *,
-    max_num_doublings: int = 10,
-    divergence_threshold: float = 1000,
-    integrator: Callable | None = None,
-) -> Callable:
-    """``make(inverse_mass_matrix) -> NutsMachine``: blackjax's NUTS, one leapfrog per tick.
+def _randomness(key: jax.Array, depth: int, dtype: Any) -> tuple:
+    """A transition's random numbers from its key, as blackjax's kernel draws them:
+    ``(momentum key, rights, trajectory keys' data, merge uniforms)``, one per doubling
+    (``split(key)``, then ``split(fold_in(integrator key, j), 3)`` for doubling ``j``: its
+    direction, the key its leaves fold in, and the uniform of its ``bernoulli`` merge)."""
+    momentum_key, integrator_key = jax.random.split(key, 2)
 
-    The arguments are ``blackjax.nuts``'s (the step size is ``begin``'s, so that one
-    program serves every step size); ``inverse_mass_matrix`` is given to ``make`` (a
-    metric is built from it, as blackjax's kernel builds one at every step).
+    def doubling(j):
+        direction_key, tkey, pkey = jax.random.split(jax.random.fold_in(integrator_key, j), 3)
+        u = jax.random.uniform(pkey, dtype=dtype)
+        return jax.random.bernoulli(direction_key), jax.random.key_data(tkey), u
 
-    Examples:
-        >>> import blackjax, jax, jax.numpy as jnp
-        >>> logdensity = lambda x: -0.5 * jnp.sum(x**2)
-        >>> machine = nuts_machine(logdensity)(jnp.ones(2))
-        >>> state = blackjax.nuts(logdensity, 0.5, jnp.ones(2)).init(jnp.ones(2))
-        >>> m = machine.begin(jax.random.key(0), state, jnp.float32(0.5))
-        >>> m = jax.lax.while_loop(lambda q: ~q.done, machine.tick, m)
-        >>> new, info = machine.result(m)
-        >>> int(info.num_integration_steps) == int(m.trajectory.num_states)
-        True
-    """
+    return (momentum_key, *jax.vmap(doubling)(jnp.arange(depth)))
+
+
+def _begin(parts: Parts, spec: Spec, q, lq, g, p, rights, tkeys, us, count) -> Machine:
+    """A transition from ``(q, lq, g)`` with momentum ``p`` (blackjax's kernel's start)."""
+    depth, dim = spec.max_num_doublings, q.shape[0]
+    kinetic, _ = parts.kinetic(p)
+    e0 = -lq + kinetic
+    qpg = jnp.stack([q, p, g])
+    zero, false = jnp.zeros((), q.dtype), jnp.bool_(False)
+    return Machine(
+        ends=jnp.stack([qpg, qpg]), lends=jnp.stack([lq, lq]), front=qpg, lfront=lq,
+        psum=p, n=jnp.int32(0), spsum=jnp.zeros_like(p), leaf=jnp.int32(0),
+        doubling=jnp.int32(0), prop=jnp.stack([q, g]),
+        pstat=jnp.stack([lq, e0, zero, jnp.full((), -jnp.inf, q.dtype)]),
+        sub=jnp.stack([q, g]), sstat=jnp.stack([lq, e0, zero, zero]),
+        ck=(jnp.zeros((depth, dim), q.dtype), jnp.zeros((depth, dim), q.dtype),
+            jnp.zeros((depth,), q.dtype)),
+        e0=e0, p0=p, right=rights[0], rights=rights, tkeys=tkeys, us=us, turning=false,
+        diverging=false, count=count,
+    )  # fmt: skip
+
+
+def _leaf(parts: Parts, spec: Spec, m: Machine) -> tuple:
+    """One leapfrog step of the doubling and its multinomial sample (``add_one_state``)."""
     from blackjax.mcmc import integrators
 
-    config = Config(
-        logdensity_fn,
-        integrators.velocity_verlet if integrator is None else integrator,
-        int(max_num_doublings),
-        float(divergence_threshold),
-    )
-
-    def make(imm: Any) -> NutsMachine:
-        return NutsMachine(
-            functools.partial(_begin, config, imm),
-            functools.partial(_tick, config, imm),
-            _result,
-        )
-
-    return make
-
-
-def _subtree(p: Parts, m: Machine) -> Machine:
-    """The next doubling's start (``expand_once`` up to the integration)."""
-    from blackjax.mcmc import trajectory
-
-    subkey = jax.random.fold_in(m.key, m.doubling)
-    direction_key, trajectory_key, proposal_key = jax.random.split(subkey, 3)
-    direction = jnp.where(jax.random.bernoulli(direction_key), 1, -1)
-    start = _where(direction > 0, m.trajectory.rightmost_state, m.trajectory.leftmost_state)
-    return m._replace(
-        direction=direction,
-        leaf=jnp.zeros((), jnp.int32),
-        sub_proposal=p.generate_proposal(m.initial_energy, start),
-        sub_trajectory=trajectory.Trajectory(start, start, start.momentum, 0),
-        sub_diverging=jnp.bool_(False),
-        sub_terminated=jnp.bool_(False),
-        trajectory_key=trajectory_key,
-        proposal_key=proposal_key,
-    )
-
-
-def _begin(config: Config, imm: Any, rng_key: jax.Array, state: Any,
-           step_size: jax.Array) -> Machine:  # fmt: skip
-    """A transition from ``state`` (blackjax's ``kernel`` and ``propose``)."""
-    from blackjax.mcmc import integrators, proposal, trajectory
-
-    p = parts(config, imm)
-    key_momentum, key_integrator = jax.random.split(rng_key, 2)
-    position, logdensity, logdensity_grad = state
-    momentum = p.metric.sample_momentum(key_momentum, position)
-    start = integrators.IntegratorState(position, momentum, logdensity, logdensity_grad)
-    energy = -start.logdensity + p.metric.kinetic_energy(start.momentum)
-    initial = proposal.Proposal(
-        start, energy, jnp.zeros_like(energy), jnp.full_like(energy, -np.inf)
-    )
-    m = Machine(
-        key=key_integrator,
-        step_size=step_size,
-        initial_energy=energy,
-        momentum=momentum,
-        doubling=jnp.zeros((), jnp.int32),
-        proposal=initial,
-        trajectory=trajectory.Trajectory(start, start, start.momentum, 0),
-        termination=p.new_termination(start, config.max_num_doublings),
-        diverging=jnp.bool_(False),
-        turning=jnp.bool_(False),
-        direction=None,
-        leaf=None,
-        sub_proposal=None,
-        sub_trajectory=None,
-        sub_diverging=None,
-        sub_terminated=None,
-        trajectory_key=None,
-        proposal_key=None,
-        done=jnp.bool_(False),
-    )
-    return jax.tree.map(_strong, _subtree(p, m))
-
-
-def _leapfrog(p: Parts, m: Machine) -> Machine:
-    """One step of the doubling (``add_one_state``)."""
-    from blackjax.mcmc import proposal, trajectory
-
-    key = jax.random.fold_in(m.trajectory_key, m.leaf)
-    new_state = p.step(m.sub_trajectory.rightmost_state, m.direction * m.step_size)
-    new_proposal = p.generate_proposal(m.initial_energy, new_state)
-    diverging = -new_proposal.weight > p.config.divergence_threshold
+    q, p, g = m.front
+    h = jnp.where(m.right, 1, -1) * spec.step_size
+    new = parts.step(integrators.IntegratorState(q, p, m.lfront, g), h)
+    kinetic, v = parts.kinetic(new.momentum)
+    energy = -new.logdensity + kinetic
+    w = m.e0 - energy
+    w = jnp.where(jnp.isnan(w), -jnp.inf, w)
     first = m.leaf == 0
-    new_trajectory = _where(
-        first,
-        trajectory.Trajectory(new_state, new_state, new_state.momentum, 1),
-        trajectory.append_to_trajectory(m.sub_trajectory, new_state),
-    )
-    sampled = _where(
-        first, new_proposal,
-        proposal.progressive_uniform_sampling(key, m.sub_proposal, new_proposal),
+    tkey = jax.random.wrap_key_data(m.tkeys[m.doubling], impl=parts.key_impl)
+    u = jax.random.uniform(jax.random.fold_in(tkey, m.leaf), dtype=w.dtype)
+    take = first | (u < jax.scipy.special.expit(w - m.sstat[2]))
+    sw = jnp.where(first, w, jnp.logaddexp(m.sstat[2], w))
+    sa = jnp.where(first, jnp.minimum(w, 0.0), jnp.logaddexp(m.sstat[3], jnp.minimum(w, 0.0)))
+    sub = jnp.where(take, jnp.stack([new.position, new.logdensity_grad]), m.sub)
+    sl = jnp.where(take, new.logdensity, m.sstat[0])
+    sstat = jnp.stack([sl, jnp.where(take, energy, m.sstat[1]), sw, sa])
+    return new, v, sub, sstat, -w > spec.divergence_threshold
+
+
+def _checkpoints(m: Machine, p, v, spsum) -> tuple:
+    """numpyro's iterative U-turn check at leaf ``m.leaf`` (``iterative_uturn_numpyro``).
+
+    With ``rho_i = S - S_i + r_i - (r + r_i) / 2 = x - w_i`` (``x = S - r / 2``), the two
+    tests ``v_i . rho_i <= 0`` and ``v . rho_i <= 0`` read ``v_i . x - v_i . w_i`` and
+    ``v . x - w_i . v``."""
+    n = m.leaf
+    idx_max = jax.lax.population_count(n >> 1)
+    idx_min = idx_max - jax.lax.population_count((~n & (n + 1)) - 1) + 1
+    x = spsum - 0.5 * p
+    rows = jnp.arange(m.ck[0].shape[0])
+    put = (rows == idx_max) & (n % 2 == 0)
+    V = jnp.where(put[:, None], v, m.ck[0])
+    W = jnp.where(put[:, None], x, m.ck[1])
+    c = jnp.where(put, v @ x, m.ck[2])
+    turned = (V @ x - c <= 0) | (v @ x - W @ v <= 0)
+    return (V, W, c), jnp.any(turned & (rows >= idx_min) & (rows <= idx_max))
+
+
+def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
+    """One leapfrog step; where the doubling ends, its merge (``expand_once``'s end) and
+    the next doubling's start. Returns the machine and whether its transition ended."""
+    new, v, sub, sstat, diverging = _leaf(parts, spec, m)
+    spsum = m.spsum + new.momentum
+    ck, sub_turning = _checkpoints(m, new.momentum, v, spsum)
+    leaf = m.leaf + 1
+    end = (leaf >= (1 << m.doubling)) | sub_turning | diverging
+    rejected = diverging | sub_turning
+    u = m.us[m.doubling]
+    accept = end & ~rejected & (u < jnp.clip(jnp.exp(sstat[2] - m.pstat[2]), max=1))
+    pw = jnp.where(end & ~rejected, jnp.logaddexp(m.pstat[2], sstat[2]), m.pstat[2])
+    pa = jnp.where(end, jnp.logaddexp(m.pstat[3], sstat[3]), m.pstat[3])
+    pstat = jnp.stack([jnp.where(accept, sstat[0], m.pstat[0]),
+                       jnp.where(accept, sstat[1], m.pstat[1]), pw, pa])  # fmt: skip
+    qpg = jnp.stack([new.position, new.momentum, new.logdensity_grad])
+    side = m.right.astype(jnp.int32)
+    ends = m.ends.at[side].set(jnp.where(end, qpg, m.ends[side]))
+    lends = m.lends.at[side].set(jnp.where(end, new.logdensity, m.lends[side]))
+    psum = m.psum + jnp.where(end, spsum, 0)
+    turning = sub_turning | parts.turning(ends[0, 1], ends[1, 1], psum)
+    doubling = m.doubling + end
+    done = end & ((doubling >= spec.max_num_doublings) | diverging | turning)
+    right = m.rights[jnp.minimum(doubling, spec.max_num_doublings - 1)]
+    nside = right.astype(jnp.int32)
+    m = m._replace(
+        ends=ends, lends=lends, front=jnp.where(end, ends[nside], qpg),
+        lfront=jnp.where(end, lends[nside], new.logdensity), psum=psum,
+        n=m.n + jnp.where(end, leaf, 0), spsum=jnp.where(end, 0, spsum),
+        leaf=jnp.where(end, 0, leaf), doubling=doubling,
+        prop=jnp.where(accept, sub, m.prop), pstat=pstat, sub=sub, sstat=sstat, ck=ck,
+        right=jnp.where(end, right, m.right),
+        turning=jnp.where(end, turning, m.turning),
+        diverging=jnp.where(end, diverging, m.diverging),
     )  # fmt: skip
-    checkpoints = p.update_termination(
-        m.termination, new_trajectory.momentum_sum, new_state.momentum, m.leaf
-    )
-    terminated = p.is_criterion_met(checkpoints, new_trajectory.momentum_sum, new_state.momentum)
-    return m._replace(
-        leaf=m.leaf + 1, sub_proposal=sampled, sub_trajectory=new_trajectory,
-        termination=checkpoints, sub_diverging=diverging, sub_terminated=terminated,
-    )  # fmt: skip
+    return m, done
 
 
-def _merge(p: Parts, m: Machine) -> Machine:
-    """The doubling's end (the rest of ``expand_once``)."""
-    from blackjax.mcmc import proposal, trajectory
+def _result(parts: Parts, m: Machine) -> tuple[Any, Any]:
+    """``(HMCState, NUTSInfo)`` of an ended transition, as ``blackjax.nuts`` returns them."""
+    from blackjax.mcmc import hmc, integrators, nuts
 
-    sub = m.sub_trajectory
-    flipped = trajectory.Trajectory(
-        sub.rightmost_state, sub.leftmost_state, sub.momentum_sum, sub.num_states
-    )
-    new_trajectory = _where(m.direction > 0, sub, flipped)
-    rejected = m.sub_diverging | m.sub_terminated
-    kept = m.proposal._replace(
-        sum_log_p_accept=jnp.logaddexp(m.proposal.sum_log_p_accept, m.sub_proposal.sum_log_p_accept)
-    )
-    sampled = proposal.progressive_biased_sampling(m.proposal_key, m.proposal, m.sub_proposal)
-    left, right = _where(
-        m.direction > 0, (m.trajectory, new_trajectory), (new_trajectory, m.trajectory)
-    )
-    merged = trajectory.merge_trajectories(left, right)
-    turning = p.metric.check_turning(
-        merged.leftmost_state.momentum, merged.rightmost_state.momentum, merged.momentum_sum
-    )
-    doubling = m.doubling + 1
-    turning = m.sub_terminated | turning
-    done = (doubling >= p.config.max_num_doublings) | m.sub_diverging | turning
-    return m._replace(
-        doubling=doubling, proposal=_where(rejected, kept, sampled), trajectory=merged,
-        diverging=m.sub_diverging, turning=turning, done=done,
-    )  # fmt: skip
+    u = parts.unravel
+
+    def end(i):
+        q, p, g = m.ends[i]
+        return integrators.IntegratorState(u(q), u(p), m.lends[i], u(g))
+
+    state = hmc.HMCState(u(m.prop[0]), m.pstat[0], u(m.prop[1]))
+    acceptance = jnp.exp(m.pstat[3]) / m.n
+    info = nuts.NUTSInfo(u(m.p0), m.diverging, m.turning, m.pstat[1], end(0), end(1),
+                         m.doubling, m.n, acceptance)  # fmt: skip
+    return state, info
 
 
-def _turn(config: Config, operand: tuple) -> Any:
-    """A doubling's end: its merge, then the next one's start unless the transition
-    ended. ``operand``: ``(machine, inverse mass matrix)``."""
-    m, imm = operand
-    p = parts(config, imm)
-    merged = _merge(p, m)
-    return _where(merged.done, merged, _subtree(p, merged)), imm
+def _momenta(spec: Spec, parts: Parts, keys: jax.Array, q: jax.Array) -> jax.Array:
+    """Each transition's momentum, ``(chain, draw, dim)``: blackjax's ``sample_momentum``
+    (``sqrt(M) @ normal(key)``), its normals from ``core/_threefry`` where the keys are
+    threefry's and the metric's square root can be read (``gaussian_euclidean``'s)."""
+    from blackjax.util import linear_map
+
+    sqrt_m = _closure(spec.metric.sample_momentum).get("mass_matrix_sqrt")
+    if sqrt_m is None or not _threefry.is_threefry(keys) or q.dtype != jnp.float32:
+        return jax.vmap(jax.vmap(parts.momentum, (0, None)))(keys, q)
+    z = _threefry.normal(jax.random.key_data(keys), q.shape[-1])
+    return 0.0 + jax.vmap(jax.vmap(lambda z: linear_map(sqrt_m, z)))(z)
 
 
-def _tick(config: Config, imm: Any, m: Machine) -> Machine:
-    """One leapfrog step; at a doubling's end its merge, and the next doubling's start
-    unless the transition ended (an ended machine is left as it is). Under ``vmap`` the
-    doubling's end runs only at ticks where some chain needs it (``lazy_cond``: its
-    branches get the inverse mass matrix as an operand, never closed over)."""
-    stepped = _where(m.done, m, _leapfrog(parts(config, imm), m))
-    ended = ~m.done & (
-        (stepped.leaf >= 2**stepped.doubling) | stepped.sub_terminated | stepped.sub_diverging
-    )
-    turned, _ = lazy_cond(ended, functools.partial(_turn, config), lambda x: x, (stepped, imm))
-    return turned
+def _chunk_randomness(step_keys: jax.Array, steps: jax.Array, depth: int, dtype: Any) -> tuple:
+    """``_randomness`` of every chain's transitions ``steps`` (keys ``fold_in(step_key,
+    t)``), each output with leading axes ``(chain, draw)``. For threefry keys and float32,
+    from ``core/_threefry`` (the same bits, a fraction of the compile)."""
+    if not (_threefry.is_threefry(step_keys) and jnp.dtype(dtype) == jnp.float32):
+        keys = jax.vmap(lambda k: jax.vmap(jax.random.fold_in, (None, 0))(k, steps))(step_keys)
+        return jax.vmap(jax.vmap(lambda k: _randomness(k, depth, dtype)))(keys)
+    keys = _threefry.fold_in(jax.random.key_data(step_keys)[:, None, :], steps)
+    pair = _threefry.split(keys, 2)
+    doublings = _threefry.fold_in(pair[..., 1, None, :], np.arange(depth, dtype=np.uint32))
+    direction, tkey, pkey = jnp.moveaxis(_threefry.split(doublings, 3), -2, 0)
+    momentum_keys = jax.random.wrap_key_data(pair[..., 0, :], impl="threefry2x32")
+    return momentum_keys, _threefry.uniform(direction) < 0.5, tkey, _threefry.uniform(pkey)
 
 
-def _result(m: Machine) -> tuple[Any, Any]:
-    """``(HMCState, NUTSInfo)`` of an ended transition (``propose``'s return)."""
-    from blackjax.mcmc import hmc, nuts
+def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
+    """The batch's chunk loop: ``loop(states, step_keys, start, n_valid) -> (states,
+    (draws, stats))`` for ``b`` chains at once (leading axis ``b`` on ``states`` and
+    ``step_keys``; ``start``, ``n_valid`` scalars), as ``programs.chunk_loop``'s loop
+    vmapped: draw ``i`` of a chain is the transition with key ``fold_in(step_key, start
+    + i)``; ``n_valid`` draws are stored, the other rows of the ``chunk_len`` stay zeros.
+    ``extract(state, info)`` gives a draw's ``(draw, stats)``.
+    """
 
-    state = m.proposal.state
-    acceptance = jnp.exp(m.proposal.sum_log_p_accept) / m.trajectory.num_states
-    info = nuts.NUTSInfo(
-        m.momentum, m.diverging, m.turning, m.proposal.energy, m.trajectory.leftmost_state,
-        m.trajectory.rightmost_state, m.doubling, m.trajectory.num_states, acceptance,
-    )  # fmt: skip
-    return hmc.HMCState(state.position, state.logdensity, state.logdensity_grad), info
+    def loop(states, step_keys, start, n_valid):
+        unravel = ravel_pytree(jax.tree.map(lambda x: x[0], states.position))[1]
+        parts = _parts(spec, unravel, jax.random.key_impl(step_keys))
+        flat = jax.vmap(lambda x: ravel_pytree(x)[0])
+        q, g, lq = flat(states.position), flat(states.logdensity_grad), states.logdensity
+        b = q.shape[0]
+        steps = start + jnp.arange(chunk_len)
+        momentum_keys, *subtrees = _chunk_randomness(step_keys, steps, spec.max_num_doublings,
+                                                     q.dtype)  # fmt: skip
+        momenta = _momenta(spec, parts, momentum_keys, q)
+        rows = jnp.arange(b)
+        begin = jax.vmap(lambda *a: _begin(parts, spec, *a))
+
+        def begin_at(count, q, lq, g):
+            at = jnp.minimum(count, chunk_len - 1)
+            return begin(q, lq, g, momenta[rows, at], *(x[rows, at] for x in subtrees), count)
+
+        def result(m):
+            state, info = jax.vmap(lambda m: _result(parts, m))(m)
+            return state, jax.vmap(extract)(state, info)
+
+        shapes = jax.eval_shape(result, begin_at(jnp.zeros(b, jnp.int32), q, lq, g))[1]
+        buffers = jax.tree.map(lambda s: jnp.zeros((b, chunk_len, *s.shape[1:]), s.dtype),
+                               shapes)  # fmt: skip
+
+        def ended(carry, fin):
+            m, last, buffers = carry
+            at = jnp.where(fin, m.count, chunk_len)  # out of range: dropped
+            state, out = result(m)
+            buffers = jax.tree.map(lambda buf, o: buf.at[rows, at].set(o, mode="drop"),
+                                   buffers, out)  # fmt: skip
+            last = jax.tree.map(lambda a, b_: _select(fin, a, b_), state, last)
+            count = m.count + fin
+            nxt = begin_at(count, m.prop[:, 0], m.pstat[:, 0], m.prop[:, 1])
+            # The checkpoints and the doubling's sample are written before they are read.
+            nxt = nxt._replace(ck=m.ck, sub=m.sub, sstat=m.sstat)
+            m = jax.tree.map(lambda a, b_: _select(fin, a, b_), nxt, m)
+            return m, last, buffers
+
+        def body(carry):
+            # A chain with all its draws ticks on (cheaper than keeping it as it is);
+            # nothing of it is stored any more.
+            m, last, buffers = carry
+            m, done = jax.vmap(lambda m: _tick(parts, spec, m))(m)
+            fin = (m.count < n_valid) & done
+            return jax.lax.cond(jnp.any(fin), ended, lambda c, f: c, (m, last, buffers), fin)
+
+        m = begin_at(jnp.zeros(b, jnp.int32), q, lq, g)
+        last = jax.tree.map(lambda x: x, states)
+        _, last, buffers = jax.lax.while_loop(
+            lambda c: jnp.any(c[0].count < n_valid), body, (m, last, buffers)
+        )
+        return last, buffers
+
+    return loop
 
 
-def _strong(x: Any) -> Any:
-    """``x`` as an array of a definite dtype (a Python number becomes weakly typed)."""
-    return jnp.asarray(x)
+def _select(flag: jax.Array, a: Any, b: Any) -> Any:
+    """``a`` where ``flag`` (one per chain, the leading axis), else ``b``."""
+    return jnp.where(flag.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
