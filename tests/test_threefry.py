@@ -29,6 +29,7 @@ def test_the_same_bits_as_jax_random(partitionable):
     np.testing.assert_array_equal(_threefry.uniform(kd) < 0.5, jax.vmap(jax.random.bernoulli)(keys))
     for num in (1, 4, 7):
         ref = jax.vmap(lambda k, n=num: jax.random.normal(k, (n,)))(keys)
-        np.testing.assert_array_equal(_threefry.normal(kd, num), ref)
+        # the same bits into erf_inv, whose result XLA may round 1 ulp apart elsewhere
+        np.testing.assert_allclose(_threefry.normal(kd, num), ref, rtol=1e-6, atol=1e-6)
     assert _threefry.is_threefry(keys)
     assert not _threefry.is_threefry(jax.random.key(0, impl="rbg"))

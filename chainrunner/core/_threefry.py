@@ -101,7 +101,8 @@ def uniform(key: jax.Array) -> jax.Array:
 
 
 def normal(key: jax.Array, num: int) -> jax.Array:
-    """``jax.random.normal(key, (num,))`` (float32) on key data: ``(..., num)``."""
+    """``jax.random.normal(key, (num,))`` (float32) on key data: ``(..., num)``: the same
+    uniform bits, whose ``erf_inv`` XLA may round 1 ulp apart in another fusion."""
     lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
     u = jnp.maximum(lo, _floats(_bits(key, num)) * (np.float32(1.0) - lo) + lo)
     return np.float32(np.sqrt(2)) * jax.lax.erf_inv(u)

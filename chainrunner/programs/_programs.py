@@ -146,7 +146,9 @@ def machine_loop(loop: Callable, batched: Callable) -> Callable:
     @chunk.def_vmap
     def rule(axis_size, in_batched, state, step_key, start, n_valid):
         state_batched, key_batched, start_batched, n_batched = in_batched
-        if start_batched or n_batched:  # not how run calls it: the plain loop, vmapped
+        # A vmap of one chain waits for no other: the plain loop, as ``batch_size=1`` runs
+        # it (one chain per device then gives the same draws on any device count).
+        if start_batched or n_batched or axis_size == 1:
             axes = tuple(jax.tree.map(lambda b: 0 if b else None, in_batched))
             out = jax.vmap(loop, in_axes=axes)(state, step_key, start, n_valid)
         else:
