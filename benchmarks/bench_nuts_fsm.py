@@ -137,6 +137,73 @@ def run_call(name: str, width: int, devices: int, draws: int, batch_size):
     return call
 
 
+def adapted_call(name: str, width: int, devices: int, draws: int, warmup: int, how: str):
+    """``cr.run`` of window-adapted NUTS (``from_blackjax(blackjax.nuts, adaptation=
+    "window")``, what users run): ``how`` is ``"run"`` (the default: the machine where
+    chains are vmapped), ``"vmap"`` (the same kernel without its machine: the vmapped loop
+    before) or ``"run_1"`` (``batch_size=1``). ``() -> (n_steps, seconds of warmup and
+    sampling, mean of the draws)``."""
+
+    import blackjax
+    import jax
+
+    import chainrunner as cr
+    from chainrunner.adapters._blackjax._warmup_window import WindowAdaptation, window_kernel
+
+    logdensity, dim, _ = model(name)
+    if how == "vmap":
+
+        def kernel_fn(*a):
+            return window_kernel(*a)._replace(machine=None)
+
+        options = {"is_mass_matrix_diagonal": True, "initial_step_size": 1.0,
+                   "target_acceptance_rate": 0.8}  # fmt: skip
+        kernel = WindowAdaptation(blackjax.nuts, logdensity, options, kernel_fn=kernel_fn)
+    else:
+        kernel = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window")
+    x0 = 0.1 * jax.random.normal(jax.random.key(0), (width * devices, dim))
+    mesh = cr.chain_mesh(devices)
+
+    def call():
+        trace = cr.run(
+            kernel,
+            jax.random.key(1),
+            x0,
+            draws,
+            num_warmup=warmup,
+            mesh=mesh,
+            batch_size=1 if how == "run_1" else None,
+            progress=False,
+            warn=False,
+        )
+        return (np.asarray(trace.stats["n_steps"]), trace.attrs["sampling_time"],
+                float(np.mean(trace.draws)))  # fmt: skip
+
+    return call
+
+
+def adapted_row(name: str, width: int, devices: int, draws: int, warmup: int,
+                reps: int) -> dict:  # fmt: skip
+    """One row of ``--adapted``: the vmapped loop, the machine, and ``batch_size=1``."""
+    hows = ["vmap", "run"] + (["run_1"] if width <= 32 else [])
+    calls = {how: adapted_call(name, width, devices, draws, warmup, how) for how in hows}
+    out = {how: f() for how, f in calls.items()}  # compiles
+    times = {how: [] for how in calls}
+    for r in range(reps):
+        for how in hows if r % 2 == 0 else hows[::-1]:
+            times[how].append(calls[how]()[1])
+    med = {how: float(np.median(t)) for how, t in times.items()}
+    steps = out["vmap"][0].reshape(devices, width, draws)
+    result = {"model": name, "width": width, "devices": devices, "draws": draws,
+              "warmup": warmup, "vmap_s": med["vmap"], "run_s": med["run"],
+              "run_speedup": med["vmap"] / med["run"],
+              "barrier": float(steps.max(axis=1).mean() / steps.mean()),
+              "mean_vmap": out["vmap"][2], "mean_run": out["run"][2]}  # fmt: skip
+    if "run_1" in med:
+        result.update(run_1_s=med["run_1"], run_1_speedup=med["vmap"] / med["run_1"])
+    return result
+
+
 def timed(f) -> tuple[float, object]:
     import jax
 
@@ -180,6 +247,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--gpu", action="store_true", help="on the first accelerator")
     parser.add_argument("--quick", action="store_true", help="eight schools, widths 8 and 32")
+    parser.add_argument(
+        "--adapted",
+        type=int,
+        default=0,
+        metavar="WARMUP",
+        help="window-adapted NUTS with this many warmup draws (cr.run only)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     devices = 1 if args.gpu else args.devices
@@ -193,9 +267,33 @@ def main() -> None:
     rows = []
     for name in models:
         for width in widths:
-            r = row(name, width, devices, args.draws, args.reps)
+            if args.adapted:
+                r = adapted_row(name, width, devices, args.draws, args.adapted, args.reps)
+            else:
+                r = row(name, width, devices, args.draws, args.reps)
             rows.append(r)
             print(json.dumps(r), flush=True)
+    if args.adapted:
+        _adapted_table(rows)
+    else:
+        _table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    sys.stdout.flush()
+
+
+def _adapted_table(rows: list) -> None:
+    print("\n| model | width | vmapped loop (s) | cr.run (s) | speed-up | cr.run, 1 | wait |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        figures = (r["vmap_s"], r["run_s"], r["run_speedup"],
+                   r.get("run_1_speedup", float("nan")), r["barrier"])  # fmt: skip
+        cells = (r["model"], r["width"], *(f"{v:.2f}" for v in figures))
+        print("| " + " | ".join(map(str, cells)) + " |")
+
+
+def _table(rows: list) -> None:
     print("\n| model | width | vmap (s) | machine (s) | speed-up | cr.run vmapped | cr.run, 1 "
           "| wait | steps/draw |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -205,10 +303,6 @@ def main() -> None:
         cells = (r["model"], r["width"], *(f"{v:.2f}" for v in figures),
                  f"{r['steps_per_draw_fsm']:.1f}")  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

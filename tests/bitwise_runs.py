@@ -5,6 +5,9 @@ recorded before the pipeline redesign of ``run`` (issue 15): refactoring must no
 single bit. One deliberate change since: ``blackjax_b_none_2dev`` (a vmapped
 ``blackjax.nuts``) runs as the NUTS state machine (issue 37), which rounds differently
 (5e-7 at most on its draws, the same random numbers); its arrays were recorded again.
+So, on jax 0.12, were ``window_warmup``'s: window-adapted NUTS runs as the machine too, and
+its dual averaging rounds 1 ulp apart there, which the warmup grows into other draws
+(on jax 0.10 the machine gives its recorded bits).
 XLA tunes its CPU code to the host CPU, and on another CPU model two of these
 runs differ in the last bits; so a machine's own fixture, ``bitwise-jax<version>-<cpu
 class>.npz``, is compared bit for bit where there is one, and otherwise the first one

@@ -185,3 +185,126 @@ def test_run_with_the_machine_samples_the_target():
         assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
         sd = np.sqrt(cov[i, i])
         assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)
+
+
+# --- adapted NUTS: each chain's step size and matrix from its own state ----------------
+
+
+def _adapted(adaptation, num_warmup, **options):
+    import chainrunner as cr
+
+    adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=correlated, adaptation=adaptation,
+                               **options)  # fmt: skip
+    return adapter.build_kernel(num_warmup=num_warmup)
+
+
+def _stepped(kernel, states, keys, n):
+    def one(state, key):
+        def body(s, t):
+            s, info = kernel.step(jax.random.fold_in(key, t), s)
+            return s, kernel.extract(s, info)
+
+        return jax.lax.scan(body, state, jnp.arange(n))
+
+    return jax.jit(jax.vmap(one))(states, keys)
+
+
+@pytest.mark.parametrize(
+    "adaptation, options",
+    [
+        ("window", {}),
+        ("window", {"is_mass_matrix_diagonal": False}),
+        ("fisher", {}),
+        ("fisher_low_rank", {"max_rank": 2}),
+    ],
+)
+def test_an_adapted_chunk_is_the_kernels_own_step(adaptation, options):
+    """Window- and Fisher-adapted NUTS carry each chain's step size and inverse mass matrix
+    in its state: 12 chains, each given its own (diagonal or dense), with no adaptation
+    left, run 30 draws of the machine as the kernel's own vmapped step does, draw for
+    draw, with the same step sizes (Fisher's jittered ones: the key split as the step
+    splits it)."""
+    kernel = _adapted(adaptation, 0, **options)
+    assert kernel.machine is not None
+    x = jax.random.normal(jax.random.key(0), (12, D))
+    starts = jax.vmap(kernel.init)(x, jax.random.split(jax.random.key(5), 12))
+    rng = np.random.default_rng(1)
+    if adaptation == "fisher_low_rank":
+        u = np.linalg.qr(rng.normal(size=(12, D, 2)))[0]
+        imm = type(starts.adaptation.inverse_mass_matrix)(
+            *(jnp.asarray(x, jnp.float32)
+              for x in (rng.uniform(0.5, 1.5, (12, D)), u, rng.uniform(0.3, 3.0, (12, 2))))
+        )  # fmt: skip
+    elif options:
+        b = rng.normal(size=(12, D, D)) * 0.3
+        imm = jnp.asarray(np.eye(D) * 0.5 + b @ np.swapaxes(b, 1, 2), jnp.float32)
+    else:
+        imm = jnp.asarray(rng.uniform(0.3, 2.0, size=(12, D)), jnp.float32)
+    adaptation_state = starts.adaptation._replace(
+        step_size=jnp.linspace(0.2, 0.6, 12, dtype=jnp.float32), inverse_mass_matrix=imm
+    )
+    starts = starts._replace(adaptation=adaptation_state)
+    keys = jax.random.split(jax.random.key(6), 12)
+    final, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 32))(
+        starts, keys, jnp.int32(0), jnp.int32(30)
+    )
+    ref_final, (ref, ref_stats) = _stepped(kernel, starts, keys, 30)
+    np.testing.assert_allclose(draws[:, :30], ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(stats["step_size"][:, :30], ref_stats["step_size"], rtol=1e-6)
+    np.testing.assert_array_equal(stats["n_steps"][:, :30], ref_stats["n_steps"])
+    np.testing.assert_array_equal(final.step, ref_final.step)
+    if adaptation != "window":  # the jitter was drawn: step sizes vary along a chain
+        assert np.ptp(np.asarray(ref_stats["step_size"][0])) > 0
+
+
+def test_adaptation_moves_on_at_each_chains_transition_end():
+    """Window adaptation during the chunk: each chain's step size adapts after each of its
+    own transitions, as the kernel's step adapts it. The adaptation amplifies float32
+    rounding (the dual averaging's next step size rounds 1 ulp apart, then trajectories
+    part), so the first draws are compared."""
+    kernel = _adapted("window", 40)
+    starts = jax.vmap(kernel.init)(jax.random.normal(jax.random.key(7), (12, D)),
+                                   jax.random.split(jax.random.key(8), 12))  # fmt: skip
+    keys = jax.random.split(jax.random.key(9), 12)
+    _, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 30))(
+        starts, keys, jnp.int32(0), jnp.int32(30)
+    )
+    _, (ref, ref_stats) = _stepped(kernel, starts, keys, 30)
+    np.testing.assert_allclose(draws[:, :3], ref[:, :3], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(stats["step_size"][:, :4], ref_stats["step_size"][:, :4],
+                               rtol=1e-4)  # fmt: skip
+    assert np.ptp(np.asarray(stats["step_size"][0, :4])) > 0  # it did adapt
+
+
+def test_which_adapted_kernels_run_as_the_machine():
+    """NUTS with each in-loop adaptation does; HMC does not."""
+    for adaptation in ("window", "fisher", "fisher_low_rank"):
+        assert _adapted(adaptation, 10).machine is not None, adaptation
+    import chainrunner as cr
+
+    hmc = cr.from_blackjax(blackjax.hmc, logdensity_fn=correlated, adaptation="window",
+                           num_integration_steps=5)  # fmt: skip
+    assert hmc.build_kernel(num_warmup=10).machine is None
+
+
+def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
+    """What users run (window-adapted NUTS, ``batch_size=None``) goes through the machine
+    and samples the target: 32 chains x (300 + 400) draws on 2 devices, means and standard
+    deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
+    from mcse import mcse, mcse_sd
+
+    import chainrunner as cr
+
+    logdensity, cov = _gaussian(3.0)
+    adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window")
+    calls = _spy(monkeypatch)
+    x0 = jax.random.normal(jax.random.key(4), (32, 5))
+    trace = cr.run(adapter, jax.random.key(5), x0, 400, num_warmup=300,
+                   mesh=cr.chain_mesh(2), batch_size=None, progress=False)  # fmt: skip
+    assert calls, "the vmapped run did not use the machine"
+    draws = np.asarray(trace.draws, np.float64)
+    for i in range(5):
+        x = draws[..., i]
+        assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
+        sd = np.sqrt(cov[i, i])
+        assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)

@@ -95,9 +95,11 @@ def _floats(bits: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type((bits >> np.uint32(9)) | one, jnp.float32) - 1.0
 
 
-def uniform(key: jax.Array) -> jax.Array:
-    """``jax.random.uniform(key)`` (one float32 in ``[0, 1)`` per key) on key data."""
-    return jnp.maximum(jnp.float32(0.0), _floats(_bits(key, 1)[..., 0]))
+def uniform(key: jax.Array, minval: float = 0.0, maxval: float = 1.0) -> jax.Array:
+    """``jax.random.uniform(key, (), float32, minval, maxval)`` (one float per key) on key
+    data."""
+    lo, hi = np.float32(minval), np.float32(maxval)
+    return jnp.maximum(lo, _floats(_bits(key, 1)[..., 0]) * (hi - lo) + lo)
 
 
 def normal(key: jax.Array, num: int) -> jax.Array:

@@ -26,7 +26,11 @@ What makes a tick cheap (measured on CPU, ``benchmarks/bench_nuts_fsm.py``):
   on "some chain ended", not as a ``select`` at every tick.
 
 ``nuts_spec(algorithm)`` recognises a built ``blackjax.nuts(...)``;
-``chunk_machine(spec, extract, chunk_len)`` is the batch's chunk of draws.
+``chunk_machine(spec, extract, chunk_len)`` is the batch's chunk of draws. A kernel that
+wraps NUTS in a chain state of its own (the in-loop window and Fisher adaptations,
+``_warmup_window.adaptive_kernel``) gives an ``Adaptive``: where the machine reads each
+chain's step size and inverse mass matrix at a transition's start, and how a chain's state
+moves on (its adaptation updated) when a transition ends.
 """
 
 from __future__ import annotations
@@ -41,11 +45,39 @@ from jax.flatten_util import ravel_pytree
 
 from ...core import _threefry
 
-__all__ = ["Spec", "chunk_machine", "nuts_spec"]
+__all__ = ["Adaptive", "Spec", "chunk_machine", "nuts_spec"]
+
+
+class Adaptive(NamedTuple):
+    """A chain state that wraps NUTS's and carries its parameters (one chain's functions).
+
+    Attributes:
+        inner: ``inner(state) -> HMCState``: the NUTS state inside.
+        params: ``params(state) -> (step_size, inverse_mass_matrix)`` the next transition
+            runs with (before jitter); the matrix a diagonal ``(d,)`` or dense ``(d, d)``
+            array or a ``LowRankInverseMassMatrix`` (blackjax's ``default_metric``).
+        finish: ``finish(state, new, info, step_size, adapt) -> (state, extract_info)``:
+            the chain state after a transition from ``state`` ended at ``new`` (an
+            ``HMCState``) with ``info`` at ``step_size``, and what the kernel's ``extract``
+            takes with it; ``adapt=False`` (a Python bool) leaves the adaptation as it is.
+        adapting: ``adapting(state) -> bool``: whether ``finish`` from ``state`` adapts
+            (``False``: ``finish(..., adapt=False)`` gives the same). The machine skips
+            the adaptation while no ending chain adapts (after warmup).
+        jitter: the step size is ``step_size * (1 + jitter * u)``, ``u`` uniform in
+            ``[-1, 1]`` from the second half of the transition key's split (the first goes to
+            NUTS); 0: no split.
+    """
+
+    inner: Callable
+    params: Callable
+    finish: Callable
+    adapting: Callable
+    jitter: float = 0.0
 
 
 class Spec(NamedTuple):
-    """What a ``blackjax.nuts(...)`` algorithm is built from (``nuts_spec``)."""
+    """What a ``blackjax.nuts(...)`` algorithm is built from (``nuts_spec``); with
+    ``adaptive``, ``step_size`` and ``metric`` are unused (each chain's come from its state)."""
 
     logdensity_fn: Callable
     step_size: Any
@@ -53,6 +85,7 @@ class Spec(NamedTuple):
     max_num_doublings: int
     divergence_threshold: float
     integrator: Callable
+    adaptive: Adaptive | None = None
 
 
 def nuts_spec(algorithm: Any) -> Spec | None:
@@ -108,6 +141,8 @@ def _made_by(fn: Any, module: str, builder: str) -> bool:
 class Machine(NamedTuple):
     """One chain's transition in progress (flat vectors; batched under the loop).
 
+    ``h``: the transition's step size; ``imm``: its inverse mass matrix (``None``: the
+    spec's fixed metric);
     ``ends``: the trajectory's left and right ``(q, p, g)`` rows, ``lends`` their log
     densities; ``front``/``lfront``: the state the current doubling integrates from;
     ``psum``: the merged trajectory's momentum sum, ``n`` its leapfrog steps;
@@ -119,6 +154,8 @@ class Machine(NamedTuple):
     transition's key as blackjax draws them; ``count``: draws stored.
     """
 
+    h: Any
+    imm: Any
     ends: Any
     lends: Any
     front: Any
@@ -147,10 +184,7 @@ class Machine(NamedTuple):
 class Parts(NamedTuple):
     """One chain's functions on flat vectors, from a ``Spec`` and an unravel."""
 
-    step: Callable
-    kinetic: Callable
-    momentum: Callable
-    turning: Callable
+    logdensity: Callable
     unravel: Callable
     key_impl: Any
 
@@ -159,14 +193,22 @@ def _parts(spec: Spec, unravel: Callable, key_impl: Any) -> Parts:
     def logdensity(x):
         return spec.logdensity_fn(unravel(x))
 
-    def kinetic(p):  # (K, M^-1 p): blackjax's kinetic energy and its gradient
-        return jax.value_and_grad(spec.metric.kinetic_energy)(p)
+    return Parts(logdensity, unravel, key_impl)
 
-    def momentum(key, q):
-        return ravel_pytree(spec.metric.sample_momentum(key, unravel(q)))[0]
 
-    step = spec.integrator(logdensity, spec.metric.kinetic_energy)
-    return Parts(step, kinetic, momentum, spec.metric.check_turning, unravel, key_impl)
+def _metric(spec: Spec, imm: Any) -> Any:
+    """The transition's metric: the spec's, or blackjax's of ``imm`` (``default_metric``: a
+    diagonal or dense matrix, or a ``LowRankInverseMassMatrix``)."""
+    if imm is None:
+        return spec.metric
+    from blackjax.mcmc import metrics
+
+    return metrics.default_metric(imm)
+
+
+def _kinetic(metric: Any, p: jax.Array) -> tuple:
+    """``(K, M^-1 p)``: blackjax's kinetic energy and its gradient."""
+    return jax.value_and_grad(metric.kinetic_energy)(p)
 
 
 def _randomness(key: jax.Array, depth: int, dtype: Any) -> tuple:
@@ -184,15 +226,16 @@ def _randomness(key: jax.Array, depth: int, dtype: Any) -> tuple:
     return (momentum_key, *jax.vmap(doubling)(jnp.arange(depth)))
 
 
-def _begin(parts: Parts, spec: Spec, q, lq, g, p, rights, tkeys, us, count) -> Machine:
-    """A transition from ``(q, lq, g)`` with momentum ``p`` (blackjax's kernel's start)."""
+def _begin(spec: Spec, q, lq, g, p, h, imm, rights, tkeys, us, count) -> Machine:
+    """A transition from ``(q, lq, g)`` with momentum ``p``, step size ``h`` and inverse
+    mass matrix ``imm`` (blackjax's kernel's start)."""
     depth, dim = spec.max_num_doublings, q.shape[0]
-    kinetic, _ = parts.kinetic(p)
+    kinetic, _ = _kinetic(_metric(spec, imm), p)
     e0 = -lq + kinetic
     qpg = jnp.stack([q, p, g])
     zero, false = jnp.zeros((), q.dtype), jnp.bool_(False)
     return Machine(
-        ends=jnp.stack([qpg, qpg]), lends=jnp.stack([lq, lq]), front=qpg, lfront=lq,
+        h=h, imm=imm, ends=jnp.stack([qpg, qpg]), lends=jnp.stack([lq, lq]), front=qpg, lfront=lq,
         psum=p, n=jnp.int32(0), spsum=jnp.zeros_like(p), leaf=jnp.int32(0),
         doubling=jnp.int32(0), prop=jnp.stack([q, g]),
         pstat=jnp.stack([lq, e0, zero, jnp.full((), -jnp.inf, q.dtype)]),
@@ -209,9 +252,11 @@ def _leaf(parts: Parts, spec: Spec, m: Machine) -> tuple:
     from blackjax.mcmc import integrators
 
     q, p, g = m.front
-    h = jnp.where(m.right, 1, -1) * spec.step_size
-    new = parts.step(integrators.IntegratorState(q, p, m.lfront, g), h)
-    kinetic, v = parts.kinetic(new.momentum)
+    h = jnp.where(m.right, 1, -1) * m.h
+    metric = _metric(spec, m.imm)
+    step = spec.integrator(parts.logdensity, metric.kinetic_energy)
+    new = step(integrators.IntegratorState(q, p, m.lfront, g), h)
+    kinetic, v = _kinetic(metric, new.momentum)
     energy = -new.logdensity + kinetic
     w = m.e0 - energy
     w = jnp.where(jnp.isnan(w), -jnp.inf, w)
@@ -266,7 +311,7 @@ def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
     ends = m.ends.at[side].set(jnp.where(end, qpg, m.ends[side]))
     lends = m.lends.at[side].set(jnp.where(end, new.logdensity, m.lends[side]))
     psum = m.psum + jnp.where(end, spsum, 0)
-    turning = sub_turning | parts.turning(ends[0, 1], ends[1, 1], psum)
+    turning = sub_turning | _metric(spec, m.imm).check_turning(ends[0, 1], ends[1, 1], psum)
     doubling = m.doubling + end
     done = end & ((doubling >= spec.max_num_doublings) | diverging | turning)
     right = m.rights[jnp.minimum(doubling, spec.max_num_doublings - 1)]
@@ -301,32 +346,122 @@ def _result(parts: Parts, m: Machine) -> tuple[Any, Any]:
     return state, info
 
 
+def _sqrt_mass(metric: Any) -> Any:
+    """``sqrt(M)`` as blackjax's Gaussian metric samples momenta with, or ``None``."""
+    return _closure(getattr(metric, "sample_momentum", None)).get("mass_matrix_sqrt")
+
+
+def _normals(keys: jax.Array, q: jax.Array) -> jax.Array:
+    """The standard normals of each transition's momentum, ``(chain, draw, dim)``, as
+    blackjax's ``generate_gaussian_noise`` draws them; from ``core/_threefry`` where the
+    keys are threefry's and the positions float32."""
+    if _threefry.is_threefry(keys) and q.dtype == jnp.float32:
+        return _threefry.normal(jax.random.key_data(keys), q.shape[-1])
+    return jax.vmap(jax.vmap(lambda k: jax.random.normal(k, q.shape[-1:], q.dtype)))(keys)
+
+
 def _momenta(spec: Spec, parts: Parts, keys: jax.Array, q: jax.Array) -> jax.Array:
-    """Each transition's momentum, ``(chain, draw, dim)``: blackjax's ``sample_momentum``
-    (``sqrt(M) @ normal(key)``), its normals from ``core/_threefry`` where the keys are
-    threefry's and the metric's square root can be read (``gaussian_euclidean``'s)."""
+    """Each transition's momentum under the spec's fixed metric, ``(chain, draw, dim)``:
+    blackjax's ``sample_momentum`` (``sqrt(M) @ normal(key)``), by ``_normals`` where the
+    metric's square root can be read (``gaussian_euclidean``'s)."""
     from blackjax.util import linear_map
 
-    sqrt_m = _closure(spec.metric.sample_momentum).get("mass_matrix_sqrt")
-    if sqrt_m is None or not _threefry.is_threefry(keys) or q.dtype != jnp.float32:
-        return jax.vmap(jax.vmap(parts.momentum, (0, None)))(keys, q)
-    z = _threefry.normal(jax.random.key_data(keys), q.shape[-1])
-    return 0.0 + jax.vmap(jax.vmap(lambda z: linear_map(sqrt_m, z)))(z)
+    sqrt_m = _sqrt_mass(spec.metric)
+    if sqrt_m is None:
+
+        def momentum(key, q):
+            return ravel_pytree(spec.metric.sample_momentum(key, parts.unravel(q)))[0]
+
+        return jax.vmap(jax.vmap(momentum, (0, None)))(keys, q)
+    return 0.0 + jax.vmap(jax.vmap(lambda z: linear_map(sqrt_m, z)))(_normals(keys, q))
 
 
-def _chunk_randomness(step_keys: jax.Array, steps: jax.Array, depth: int, dtype: Any) -> tuple:
+def _scaled(spec: Spec, imm: Any, z: jax.Array) -> jax.Array:
+    """One chain's momentum from its standard normals ``z`` under inverse mass matrix
+    ``imm``: ``M^(1/2) z`` (the metric's ``scale``), as its ``sample_momentum`` makes it
+    from the same normals."""
+    return 0.0 + _metric(spec, imm).scale(z, z, inv=False, trans=False)
+
+
+def _chunk_randomness(step_keys: jax.Array, steps: jax.Array, depth: int, dtype: Any,
+                      jitter: float = 0.0) -> tuple:  # fmt: skip
     """``_randomness`` of every chain's transitions ``steps`` (keys ``fold_in(step_key,
-    t)``), each output with leading axes ``(chain, draw)``. For threefry keys and float32,
-    from ``core/_threefry`` (the same bits, a fraction of the compile)."""
+    t)``), each output with leading axes ``(chain, draw)``, and the jitter uniforms in
+    ``[-1, 1]`` (``None`` without jitter: the transition key goes to NUTS whole, else the
+    first half of its split, as ``_warmup_window.jittered`` does). For threefry keys and
+    float32, from ``core/_threefry`` (the same bits, a fraction of the compile)."""
     if not (_threefry.is_threefry(step_keys) and jnp.dtype(dtype) == jnp.float32):
         keys = jax.vmap(lambda k: jax.vmap(jax.random.fold_in, (None, 0))(k, steps))(step_keys)
-        return jax.vmap(jax.vmap(lambda k: _randomness(k, depth, dtype)))(keys)
+        jitters = None
+        if jitter:
+            pairs = jax.vmap(jax.vmap(jax.random.split))(keys)
+            keys = pairs[..., 0]
+            jitters = jax.vmap(jax.vmap(
+                lambda k: jax.random.uniform(k, (), dtype, -1.0, 1.0)))(pairs[..., 1])  # fmt: skip
+        return (*jax.vmap(jax.vmap(lambda k: _randomness(k, depth, dtype)))(keys), jitters)
     keys = _threefry.fold_in(jax.random.key_data(step_keys)[:, None, :], steps)
+    jitters = None
+    if jitter:
+        halves = _threefry.split(keys, 2)
+        keys, jitters = halves[..., 0, :], _threefry.uniform(halves[..., 1, :], -1.0, 1.0)
     pair = _threefry.split(keys, 2)
     doublings = _threefry.fold_in(pair[..., 1, None, :], np.arange(depth, dtype=np.uint32))
     direction, tkey, pkey = jnp.moveaxis(_threefry.split(doublings, 3), -2, 0)
     momentum_keys = jax.random.wrap_key_data(pair[..., 0, :], impl="threefry2x32")
-    return momentum_keys, _threefry.uniform(direction) < 0.5, tkey, _threefry.uniform(pkey)
+    return (momentum_keys, _threefry.uniform(direction) < 0.5, tkey, _threefry.uniform(pkey),
+            jitters)  # fmt: skip
+
+
+def _starter(spec: Spec, parts: Parts, step_keys: jax.Array, start: jax.Array, q: jax.Array,
+             chunk_len: int) -> Callable:  # fmt: skip
+    """``begin_at(count, q, lq, g, states)``: each chain's transition number ``count`` of the
+    chunk begun from ``(q, lq, g)`` (chain states ``states`` give the adapted parameters),
+    its random numbers drawn for the whole chunk here, before the loop."""
+    ad = spec.adaptive
+    rows = jnp.arange(q.shape[0])
+    steps = start + jnp.arange(chunk_len)
+    momentum_keys, *subtrees, jitters = _chunk_randomness(
+        step_keys, steps, spec.max_num_doublings, q.dtype, 0.0 if ad is None else ad.jitter
+    )
+    if ad is None:
+        momenta = _momenta(spec, parts, momentum_keys, q)
+        h = jnp.full(q.shape[0], spec.step_size)
+    else:
+        normals = _normals(momentum_keys, q)
+    begin = jax.vmap(lambda *a: _begin(spec, *a))
+
+    def begin_at(count, q, lq, g, states):
+        at = jnp.minimum(count, chunk_len - 1)
+        drawn = (x[rows, at] for x in subtrees)
+        if ad is None:
+            return begin(q, lq, g, momenta[rows, at], h, None, *drawn, count)
+        step_size, imm = jax.vmap(ad.params)(states)
+        if jitters is not None:
+            step_size = step_size * (1.0 + ad.jitter * jitters[rows, at])
+        p = jax.vmap(lambda i, z: _scaled(spec, i, z))(imm, normals[rows, at])
+        return begin(q, lq, g, p, step_size, imm, *drawn, count)
+
+    return begin_at
+
+
+def _finisher(spec: Spec, parts: Parts, extract: Callable) -> Callable:
+    """``result(m, states, fin) -> (states, (draws, stats))`` of every chain's ended
+    transition (``fin``: the chains whose end counts; the adaptation runs only where one
+    of them adapts)."""
+    ad = spec.adaptive
+
+    def result(m, states, fin):
+        state, info = jax.vmap(lambda m: _result(parts, m))(m)
+        if ad is not None:
+
+            def finish(adapt):
+                return jax.vmap(lambda *a: ad.finish(*a, adapt))(states, state, info, m.h)
+
+            adapting = jnp.any(fin & jax.vmap(ad.adapting)(states))
+            state, info = jax.lax.cond(adapting, lambda: finish(True), lambda: finish(False))
+        return state, jax.vmap(extract)(state, info)
+
+    return result
 
 
 def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
@@ -335,43 +470,34 @@ def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
     ``step_keys``; ``start``, ``n_valid`` scalars), as ``programs.chunk_loop``'s loop
     vmapped: draw ``i`` of a chain is the transition with key ``fold_in(step_key, start
     + i)``; ``n_valid`` draws are stored, the other rows of the ``chunk_len`` stay zeros.
-    ``extract(state, info)`` gives a draw's ``(draw, stats)``.
+    ``extract(state, info)`` gives a draw's ``(draw, stats)``. With ``spec.adaptive`` the
+    states are the wrapper's, and each transition runs at its chain's parameters.
     """
 
     def loop(states, step_keys, start, n_valid):
-        unravel = ravel_pytree(jax.tree.map(lambda x: x[0], states.position))[1]
+        inner = states if spec.adaptive is None else jax.vmap(spec.adaptive.inner)(states)
+        unravel = ravel_pytree(jax.tree.map(lambda x: x[0], inner.position))[1]
         parts = _parts(spec, unravel, jax.random.key_impl(step_keys))
         flat = jax.vmap(lambda x: ravel_pytree(x)[0])
-        q, g, lq = flat(states.position), flat(states.logdensity_grad), states.logdensity
-        b = q.shape[0]
-        steps = start + jnp.arange(chunk_len)
-        momentum_keys, *subtrees = _chunk_randomness(step_keys, steps, spec.max_num_doublings,
-                                                     q.dtype)  # fmt: skip
-        momenta = _momenta(spec, parts, momentum_keys, q)
-        rows = jnp.arange(b)
-        begin = jax.vmap(lambda *a: _begin(parts, spec, *a))
-
-        def begin_at(count, q, lq, g):
-            at = jnp.minimum(count, chunk_len - 1)
-            return begin(q, lq, g, momenta[rows, at], *(x[rows, at] for x in subtrees), count)
-
-        def result(m):
-            state, info = jax.vmap(lambda m: _result(parts, m))(m)
-            return state, jax.vmap(extract)(state, info)
-
-        shapes = jax.eval_shape(result, begin_at(jnp.zeros(b, jnp.int32), q, lq, g))[1]
+        q, g, lq = flat(inner.position), flat(inner.logdensity_grad), inner.logdensity
+        b, rows = q.shape[0], jnp.arange(q.shape[0])
+        begin_at = _starter(spec, parts, step_keys, start, q, chunk_len)
+        result = _finisher(spec, parts, extract)
+        m = begin_at(jnp.zeros(b, jnp.int32), q, lq, g, states)
+        shapes = jax.eval_shape(result, m, states, jnp.ones(b, bool))[1]
         buffers = jax.tree.map(lambda s: jnp.zeros((b, chunk_len, *s.shape[1:]), s.dtype),
                                shapes)  # fmt: skip
 
         def ended(carry, fin):
+            # ``last`` holds each chain's state at its transition's start until it ends.
             m, last, buffers = carry
             at = jnp.where(fin, m.count, chunk_len)  # out of range: dropped
-            state, out = result(m)
+            state, out = result(m, last, fin)
             buffers = jax.tree.map(lambda buf, o: buf.at[rows, at].set(o, mode="drop"),
                                    buffers, out)  # fmt: skip
             last = jax.tree.map(lambda a, b_: _select(fin, a, b_), state, last)
             count = m.count + fin
-            nxt = begin_at(count, m.prop[:, 0], m.pstat[:, 0], m.prop[:, 1])
+            nxt = begin_at(count, m.prop[:, 0], m.pstat[:, 0], m.prop[:, 1], last)
             # The checkpoints and the doubling's sample are written before they are read.
             nxt = nxt._replace(ck=m.ck, sub=m.sub, sstat=m.sstat)
             m = jax.tree.map(lambda a, b_: _select(fin, a, b_), nxt, m)
@@ -385,10 +511,8 @@ def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
             fin = (m.count < n_valid) & done
             return jax.lax.cond(jnp.any(fin), ended, lambda c, f: c, (m, last, buffers), fin)
 
-        m = begin_at(jnp.zeros(b, jnp.int32), q, lq, g)
-        last = jax.tree.map(lambda x: x, states)
         _, last, buffers = jax.lax.while_loop(
-            lambda c: jnp.any(c[0].count < n_valid), body, (m, last, buffers)
+            lambda c: jnp.any(c[0].count < n_valid), body, (m, states, buffers)
         )
         return last, buffers
 

@@ -8,6 +8,7 @@ current adapted values, so warmup and sampling are one compiled program.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ from jax.flatten_util import ravel_pytree
 
 from ...core._kernel import Adapter, Kernel, default_extract, default_logdensity, library_attrs
 from ...core._lru import LRU
+from ._nuts_fsm import Adaptive, chunk_machine, nuts_spec
 
 
 def strong(x: Any) -> jax.Array:
@@ -171,13 +173,16 @@ def adaptive_kernel(
         return WindowState(build(a.step_size, a.inverse_mass_matrix).init(position, rng_key),
                            a, jnp.int32(0))  # fmt: skip
 
-    def step(rng_key, s):
+    def finish(s, state, info, step_size, adapt=True):
         a = s.adaptation
-        step_size, rng_key = jittered(a.step_size, rng_key, spec.jitter)
-        state, info = build(step_size, a.inverse_mass_matrix).step(rng_key, s.state)
-        if num_warmup > 0:
+        if adapt and num_warmup > 0:
             a = spec.adapt(a, s.step, s.state, state, info)
         return WindowState(state, a, s.step + 1), (info, step_size)
+
+    def step(rng_key, s):
+        step_size, rng_key = jittered(s.adaptation.step_size, rng_key, spec.jitter)
+        state, info = build(step_size, s.adaptation.inverse_mass_matrix).step(rng_key, s.state)
+        return finish(s, state, info, step_size)
 
     def extract(s, info):
         info, step_size = info
@@ -188,7 +193,33 @@ def adaptive_kernel(
     def logdensity(s):
         return default_logdensity(s.state)
 
-    return Kernel(init=init, step=step, extract=extract, logdensity=logdensity)
+    machine = _machine(build, spec, finish, num_warmup)
+    return Kernel(init=init, step=step, extract=extract, logdensity=logdensity, machine=machine)
+
+
+def _machine(build: Callable, spec: InLoop, finish: Callable,
+             num_warmup: int) -> Callable | None:  # fmt: skip
+    """``Kernel.machine`` where ``build`` makes ``blackjax.nuts`` (``_nuts_fsm.nuts_spec``
+    reads it) and the adapted matrix's metric can scale normals into momenta (blackjax's
+    Gaussian metrics: diagonal, dense, low rank): NUTS as a state machine at each chain's
+    adapted step size and matrix. Else ``None`` (the kernel's own step, vmapped)."""
+    from blackjax.mcmc import metrics
+
+    _, imm = spec.initial(2, jnp.float32)
+    if not callable(getattr(metrics.default_metric(imm), "scale", None)):
+        return None
+    nuts = nuts_spec(build(jnp.float32(1.0), jnp.ones(2)))
+    if nuts is None:
+        return None
+    adaptive = Adaptive(
+        inner=lambda s: s.state,
+        params=lambda s: (s.adaptation.step_size, s.adaptation.inverse_mass_matrix),
+        finish=finish,
+        adapting=lambda s: s.step < num_warmup,
+        jitter=spec.jitter,
+    )
+    nuts = nuts._replace(step_size=None, metric=None, adaptive=adaptive)
+    return functools.partial(chunk_machine, nuts)
 
 
 def window_kernel(
