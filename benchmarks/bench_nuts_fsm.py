@@ -18,10 +18,14 @@ size and mass matrix, ``--draws`` draws per chain from the same starts and keys:
 
 Reported: seconds per run (compile excluded, median of ``--reps``, interleaved), each
 speed-up over ``vmap``, leapfrog steps per draw, and the wait the ``vmap`` pays
-(``E[max n_steps over a batch] / E[mean n_steps]``). ``--gpu`` runs the same on the
+(``E[max n_steps over a batch] / E[mean n_steps]``). ``--adapted N``: what users run
+instead, window-adapted NUTS (``cr.from_blackjax(blackjax.nuts, adaptation="window")``) with
+``N`` warmup draws, ``cr.run``'s ``sampling_time`` (warmup included) with the machine, with
+the same kernel vmapped without it, and with ``batch_size=1``. ``--gpu`` runs the same on the
 first accelerator (widths 1,024 and 4,096 too).
 
     python benchmarks/bench_nuts_fsm.py [--widths 8,32,128,1024] [--devices 2] [--gpu]
+    python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --widths 8,32
 """
 
 from __future__ import annotations

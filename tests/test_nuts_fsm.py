@@ -191,11 +191,21 @@ def test_run_with_the_machine_samples_the_target():
 
 
 def _adapted(adaptation, num_warmup, **options):
+    """The adapted kernel ``cr.from_blackjax(blackjax.nuts, adaptation=...)`` builds; for
+    Fisher's adaptations with the machine forced on (by default they keep the plain loop:
+    ``test_which_adapted_kernels_run_as_the_machine``)."""
     import chainrunner as cr
+    from chainrunner.adapters._blackjax import _fisher_options
+    from chainrunner.adapters._blackjax._warmup_fisher import fisher_in_loop
+    from chainrunner.adapters._blackjax._warmup_window import adaptive_kernel
 
-    adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=correlated, adaptation=adaptation,
-                               **options)  # fmt: skip
-    return adapter.build_kernel(num_warmup=num_warmup)
+    if adaptation == "window":
+        adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=correlated,
+                                   adaptation=adaptation, **options)  # fmt: skip
+        return adapter.build_kernel(num_warmup=num_warmup)
+    opts = _fisher_options(adaptation, blackjax.nuts, options, "test")
+    spec = fisher_in_loop(correlated, num_warmup, opts, adaptation == "fisher_low_rank")
+    return adaptive_kernel(blackjax.nuts, correlated, num_warmup, {}, spec._replace(machine=True))
 
 
 def _stepped(kernel, states, keys, n):
@@ -223,7 +233,8 @@ def test_an_adapted_chunk_is_the_kernels_own_step(adaptation, options):
     in its state: 12 chains, each given its own (diagonal or dense), with no adaptation
     left, run 30 draws of the machine as the kernel's own vmapped step does, draw for
     draw, with the same step sizes (Fisher's jittered ones: the key split as the step
-    splits it)."""
+    splits it). Fisher's adaptations have the machine forced on here: it handles their
+    jitter and low-rank metric, though by default they keep the plain loop."""
     kernel = _adapted(adaptation, 0, **options)
     assert kernel.machine is not None
     x = jax.random.normal(jax.random.key(0), (12, D))
@@ -277,14 +288,20 @@ def test_adaptation_moves_on_at_each_chains_transition_end():
 
 
 def test_which_adapted_kernels_run_as_the_machine():
-    """NUTS with each in-loop adaptation does; HMC does not."""
-    for adaptation in ("window", "fisher", "fisher_low_rank"):
-        assert _adapted(adaptation, 10).machine is not None, adaptation
+    """NUTS with the window adaptation does; with Fisher's (an update that, run for the
+    whole batch at each chain's end, measured slower than the plain loop) and HMC not."""
     import chainrunner as cr
 
-    hmc = cr.from_blackjax(blackjax.hmc, logdensity_fn=correlated, adaptation="window",
-                           num_integration_steps=5)  # fmt: skip
-    assert hmc.build_kernel(num_warmup=10).machine is None
+    def machine(factory, adaptation, **options):
+        adapter = cr.from_blackjax(factory, logdensity_fn=correlated, adaptation=adaptation,
+                                   **options)  # fmt: skip
+        return adapter.build_kernel(num_warmup=10).machine
+
+    assert machine(blackjax.nuts, "window") is not None
+    assert machine(blackjax.nuts, "window", is_mass_matrix_diagonal=False) is not None
+    assert machine(blackjax.nuts, "fisher") is None
+    assert machine(blackjax.nuts, "fisher_low_rank") is None
+    assert machine(blackjax.hmc, "window", num_integration_steps=5) is None
 
 
 def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
@@ -308,3 +325,21 @@ def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
         assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
         sd = np.sqrt(cov[i, i])
         assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)
+
+
+def test_float64_chains_give_the_kernels_dtypes():
+    """With x64 on (PyMC turns it on), the machine's draws are float64 and its counts
+    int64, as the kernel's own step gives them (``cr.run`` vmaps one or the other)."""
+    with jax.enable_x64(True):
+        kernel = _adapted("window", 5)
+        x = jax.random.normal(jax.random.key(0), (4, D), jnp.float64)
+        starts = jax.vmap(kernel.init)(x, jax.random.split(jax.random.key(1), 4))
+        keys = jax.random.split(jax.random.key(2), 4)
+        _, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 8))(
+            starts, keys, jnp.int32(0), jnp.int32(8)
+        )
+        _, (ref, ref_stats) = _stepped(kernel, starts, keys, 8)
+        assert draws.dtype == ref.dtype == jnp.float64
+        for name, value in ref_stats.items():
+            assert stats[name].dtype == value.dtype, name
+        np.testing.assert_allclose(draws[:, :2], ref[:, :2], rtol=1e-8, atol=1e-8)

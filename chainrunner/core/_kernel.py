@@ -82,7 +82,7 @@ class Kernel(NamedTuple):
             axis), which runs draws ``start .. start + n_valid - 1`` of each chain with
             the keys ``step`` would get, without a chain waiting for another's
             transition to end (``cr.from_blackjax`` sets it for ``blackjax.nuts``, fixed
-            or adapted in the loop).
+            or window-adapted).
             Used where chains are vmapped and ``thinning`` is 1.
 
     Examples:

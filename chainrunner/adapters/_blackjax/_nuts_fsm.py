@@ -27,8 +27,9 @@ What makes a tick cheap (measured on CPU, ``benchmarks/bench_nuts_fsm.py``):
 
 ``nuts_spec(algorithm)`` recognises a built ``blackjax.nuts(...)``;
 ``chunk_machine(spec, extract, chunk_len)`` is the batch's chunk of draws. A kernel that
-wraps NUTS in a chain state of its own (the in-loop window and Fisher adaptations,
-``_warmup_window.adaptive_kernel``) gives an ``Adaptive``: where the machine reads each
+wraps NUTS in a chain state of its own (an in-loop adaptation,
+``_warmup_window.adaptive_kernel``: the window's; Fisher's keep the plain loop) gives an
+``Adaptive``: where the machine reads each
 chain's step size and inverse mass matrix at a transition's start, and how a chain's state
 moves on (its adaptation updated) when a transition ends.
 """
@@ -234,10 +235,11 @@ def _begin(spec: Spec, q, lq, g, p, h, imm, rights, tkeys, us, count) -> Machine
     e0 = -lq + kinetic
     qpg = jnp.stack([q, p, g])
     zero, false = jnp.zeros((), q.dtype), jnp.bool_(False)
+    zero_int = jnp.zeros((), int)  # blackjax's counts: int64 where x64 is on
     return Machine(
         h=h, imm=imm, ends=jnp.stack([qpg, qpg]), lends=jnp.stack([lq, lq]), front=qpg, lfront=lq,
-        psum=p, n=jnp.int32(0), spsum=jnp.zeros_like(p), leaf=jnp.int32(0),
-        doubling=jnp.int32(0), prop=jnp.stack([q, g]),
+        psum=p, n=zero_int, spsum=jnp.zeros_like(p), leaf=zero_int,
+        doubling=zero_int, prop=jnp.stack([q, g]),
         pstat=jnp.stack([lq, e0, zero, jnp.full((), -jnp.inf, q.dtype)]),
         sub=jnp.stack([q, g]), sstat=jnp.stack([lq, e0, zero, zero]),
         ck=(jnp.zeros((depth, dim), q.dtype), jnp.zeros((depth, dim), q.dtype),

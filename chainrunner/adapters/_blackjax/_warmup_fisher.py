@@ -530,10 +530,20 @@ def _changes(imm: Any, previous: Any) -> jax.Array:
 def fisher_kernel(algorithm: Callable, logdensity_fn: Callable, num_warmup: int,
                   options: dict, low_rank: bool) -> Kernel:  # fmt: skip
     """The ``Kernel`` that Fisher-adapts during its first ``num_warmup`` steps."""
-    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
-
     own = {**OPTIONS, **(LOW_RANK_OPTIONS if low_rank else {})}
     extra = {k: v for k, v in options.items() if k not in own}
+    spec = fisher_in_loop(logdensity_fn, num_warmup, options, low_rank)
+    return adaptive_kernel(algorithm, logdensity_fn, num_warmup, extra, spec)
+
+
+def fisher_in_loop(logdensity_fn: Callable, num_warmup: int, options: dict,
+                   low_rank: bool) -> InLoop:  # fmt: skip
+    """The Fisher adaptation as an ``InLoop``. Not as the NUTS state machine: its update
+    (windows of draws and gradients, for the low rank an eigendecomposition) runs for the
+    whole batch at each chain's transition end, and measured slower than the plain
+    vmapped loop (docs/batches.md)."""
+    from blackjax.mcmc.metrics import LowRankInverseMassMatrix
+
     init_adaptation, adapt = fisher_adapt_fn(num_warmup, low_rank, options, logdensity_fn)
 
     def init(state, rng_key):
@@ -554,5 +564,4 @@ def fisher_kernel(algorithm: Callable, logdensity_fn: Callable, num_warmup: int,
             )
         return step_size, jnp.ones(dim, dtype)
 
-    spec = InLoop(init, adapt, initial, float(options["step_size_jitter"]))
-    return adaptive_kernel(algorithm, logdensity_fn, num_warmup, extra, spec)
+    return InLoop(init, adapt, initial, float(options["step_size_jitter"]), machine=False)

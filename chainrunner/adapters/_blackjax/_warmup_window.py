@@ -113,12 +113,17 @@ class InLoop(NamedTuple):
         jitter: the step size of every step is the adapted one times a uniform draw in
             ``[1 - jitter, 1 + jitter]`` (0: none, and the step's key goes to the kernel
             untouched).
+        machine: whether NUTS with this adaptation runs as the state machine where chains
+            share a vmap (``_nuts_fsm``). There ``adapt`` runs for the whole batch each
+            time some chain's transition ends (most ticks): worth it only where it is as
+            cheap as Stan's window (docs/batches.md has the measurements).
     """
 
     init: Callable
     adapt: Callable
     initial: Callable
     jitter: float = 0.0
+    machine: bool = True
 
 
 def _window_in_loop(num_warmup: int, options: dict) -> InLoop:
@@ -193,7 +198,7 @@ def adaptive_kernel(
     def logdensity(s):
         return default_logdensity(s.state)
 
-    machine = _machine(build, spec, finish, num_warmup)
+    machine = _machine(build, spec, finish, num_warmup) if spec.machine else None
     return Kernel(init=init, step=step, extract=extract, logdensity=logdensity, machine=machine)
 
 
