@@ -33,11 +33,13 @@ def sites(x):  # a dict position, as numpyro and PyMC models have them
     return correlated(jnp.concatenate([x["a"], x["b"].ravel()]))
 
 
-def _blackjax_chunk(nuts, states, keys, start, n):
+def _blackjax_chunk(nuts, states, keys, start, n, extract=default_extract):
+    """``n`` steps of ``nuts.step`` from step ``start``, vmapped: the plain loop's draws."""
+
     def one(state, key):
         def body(s, t):
             s, info = nuts.step(jax.random.fold_in(key, t), s)
-            return s, default_extract(s, info)
+            return s, extract(s, info)
 
         return jax.lax.scan(body, state, start + jnp.arange(n))
 
@@ -129,6 +131,19 @@ def _gaussian(scale):
     return (lambda x: -0.5 * x @ prec @ x), cov * scale**2
 
 
+def _assert_moments(trace, cov):
+    """Each coordinate's mean and standard deviation within 4 Monte-Carlo standard errors
+    of the Gaussian's (mean 0, covariance ``cov``)."""
+    from mcse import mcse, mcse_sd
+
+    draws = np.asarray(trace.draws, np.float64)
+    for i in range(draws.shape[-1]):
+        x = draws[..., i]
+        assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
+        sd = np.sqrt(cov[i, i])
+        assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)
+
+
 def _spy(monkeypatch):
     from chainrunner.programs import _programs
 
@@ -170,8 +185,6 @@ def test_run_vmaps_the_machine_with_blackjaxs_draws(monkeypatch, devices, batch_
 def test_run_with_the_machine_samples_the_target():
     """32 chains x 400 draws on 2 devices, one vmap each: the means and standard
     deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
-    from mcse import mcse, mcse_sd
-
     import chainrunner as cr
 
     logdensity, cov = _gaussian(2.0)
@@ -179,12 +192,7 @@ def test_run_with_the_machine_samples_the_target():
     x0 = jax.random.normal(jax.random.key(2), (32, 5))
     trace = cr.run(nuts, jax.random.key(3), x0, 400, mesh=cr.chain_mesh(2), batch_size=None,
                    progress=False)  # fmt: skip
-    draws = np.asarray(trace.draws, np.float64)
-    for i in range(5):
-        x = draws[..., i]
-        assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
-        sd = np.sqrt(cov[i, i])
-        assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)
+    _assert_moments(trace, cov)
 
 
 # --- adapted NUTS: each chain's step size and matrix from its own state ----------------
@@ -206,17 +214,6 @@ def _adapted(adaptation, num_warmup, **options):
     opts = _fisher_options(adaptation, blackjax.nuts, options, "test")
     spec = fisher_in_loop(correlated, num_warmup, opts, adaptation == "fisher_low_rank")
     return adaptive_kernel(blackjax.nuts, correlated, num_warmup, {}, spec._replace(machine=True))
-
-
-def _stepped(kernel, states, keys, n):
-    def one(state, key):
-        def body(s, t):
-            s, info = kernel.step(jax.random.fold_in(key, t), s)
-            return s, kernel.extract(s, info)
-
-        return jax.lax.scan(body, state, jnp.arange(n))
-
-    return jax.jit(jax.vmap(one))(states, keys)
 
 
 @pytest.mark.parametrize(
@@ -259,7 +256,7 @@ def test_an_adapted_chunk_is_the_kernels_own_step(adaptation, options):
     final, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 32))(
         starts, keys, jnp.int32(0), jnp.int32(30)
     )
-    ref_final, (ref, ref_stats) = _stepped(kernel, starts, keys, 30)
+    ref_final, (ref, ref_stats) = _blackjax_chunk(kernel, starts, keys, 0, 30, kernel.extract)
     np.testing.assert_allclose(draws[:, :30], ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(stats["step_size"][:, :30], ref_stats["step_size"], rtol=1e-6)
     np.testing.assert_array_equal(stats["n_steps"][:, :30], ref_stats["n_steps"])
@@ -280,7 +277,7 @@ def test_adaptation_moves_on_at_each_chains_transition_end():
     _, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 30))(
         starts, keys, jnp.int32(0), jnp.int32(30)
     )
-    _, (ref, ref_stats) = _stepped(kernel, starts, keys, 30)
+    _, (ref, ref_stats) = _blackjax_chunk(kernel, starts, keys, 0, 30, kernel.extract)
     np.testing.assert_allclose(draws[:, :3], ref[:, :3], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(stats["step_size"][:, :4], ref_stats["step_size"][:, :4],
                                rtol=1e-4)  # fmt: skip
@@ -308,8 +305,6 @@ def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
     """What users run (window-adapted NUTS, ``batch_size=None``) goes through the machine
     and samples the target: 32 chains x (300 + 400) draws on 2 devices, means and standard
     deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
-    from mcse import mcse, mcse_sd
-
     import chainrunner as cr
 
     logdensity, cov = _gaussian(3.0)
@@ -319,12 +314,7 @@ def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
     trace = cr.run(adapter, jax.random.key(5), x0, 400, num_warmup=300,
                    mesh=cr.chain_mesh(2), batch_size=None, progress=False)  # fmt: skip
     assert calls, "the vmapped run did not use the machine"
-    draws = np.asarray(trace.draws, np.float64)
-    for i in range(5):
-        x = draws[..., i]
-        assert abs(x.mean()) < 4 * mcse(x), (i, x.mean(), mcse(x))
-        sd = np.sqrt(cov[i, i])
-        assert abs(x.std() - sd) < 4 * mcse_sd(x), (i, x.std(), sd)
+    _assert_moments(trace, cov)
 
 
 def test_float64_chains_give_the_kernels_dtypes():
@@ -338,7 +328,7 @@ def test_float64_chains_give_the_kernels_dtypes():
         _, (draws, stats) = jax.jit(kernel.machine(kernel.extract, 8))(
             starts, keys, jnp.int32(0), jnp.int32(8)
         )
-        _, (ref, ref_stats) = _stepped(kernel, starts, keys, 8)
+        _, (ref, ref_stats) = _blackjax_chunk(kernel, starts, keys, 0, 8, kernel.extract)
         assert draws.dtype == ref.dtype == jnp.float64
         for name, value in ref_stats.items():
             assert stats[name].dtype == value.dtype, name
