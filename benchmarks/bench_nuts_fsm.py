@@ -21,11 +21,13 @@ speed-up over ``vmap``, leapfrog steps per draw, and the wait the ``vmap`` pays
 (``E[max n_steps over a batch] / E[mean n_steps]``). ``--adapted N``: what users run
 instead, window-adapted NUTS (``cr.from_blackjax(blackjax.nuts, adaptation="window")``) with
 ``N`` warmup draws, ``cr.run``'s ``sampling_time`` (warmup included) with the machine, with
-the same kernel vmapped without it, and with ``batch_size=1``. ``--gpu`` runs the same on the
-first accelerator (widths 1,024 and 4,096 too).
+the same kernel vmapped without it, and with ``batch_size=1``; ``--adaptation fisher`` (or
+``fisher_low_rank``, its machine forced on) the same with Fisher's. ``--gpu`` runs the same
+on the first accelerator (widths 1,024 and 4,096 too).
 
     python benchmarks/bench_nuts_fsm.py [--widths 8,32,128,1024] [--devices 2] [--gpu]
     python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --widths 8,32
+    python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --adaptation fisher
 """
 
 from __future__ import annotations
@@ -141,30 +143,58 @@ def run_call(name: str, width: int, devices: int, draws: int, batch_size):
     return call
 
 
-def adapted_call(name: str, width: int, devices: int, draws: int, warmup: int, how: str):
-    """``cr.run`` of window-adapted NUTS (``from_blackjax(blackjax.nuts, adaptation=
-    "window")``, what users run): ``how`` is ``"run"`` (the default: the machine where
-    chains are vmapped), ``"vmap"`` (the same kernel without its machine: the vmapped loop
-    before) or ``"run_1"`` (``batch_size=1``). ``() -> (n_steps, seconds of warmup and
-    sampling, mean of the draws)``."""
-
+def adapted_kernel(adaptation: str, logdensity, machine: bool | None):
+    """``cr.from_blackjax(blackjax.nuts, adaptation=adaptation)``'s kernel factory as users
+    get it (``machine=None``), without its machine (``False``: the vmapped loop before), or
+    with the machine forced on (``True``; ``"fisher_low_rank"`` has none by default)."""
     import blackjax
-    import jax
 
     import chainrunner as cr
-    from chainrunner.adapters._blackjax._warmup_window import WindowAdaptation, window_kernel
+    from chainrunner.adapters._blackjax import _fisher_options
+    from chainrunner.adapters._blackjax._warmup_fisher import fisher_in_loop
+    from chainrunner.adapters._blackjax._warmup_window import (
+        WindowAdaptation,
+        adaptive_kernel,
+        window_kernel,
+    )
 
-    logdensity, dim, _ = model(name)
-    if how == "vmap":
+    if machine is None:
+        return cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation=adaptation)
+    if adaptation == "window":
 
         def kernel_fn(*a):
-            return window_kernel(*a)._replace(machine=None)
+            kernel = window_kernel(*a)
+            return kernel if machine else kernel._replace(machine=None)
 
         options = {"is_mass_matrix_diagonal": True, "initial_step_size": 1.0,
                    "target_acceptance_rate": 0.8}  # fmt: skip
-        kernel = WindowAdaptation(blackjax.nuts, logdensity, options, kernel_fn=kernel_fn)
     else:
-        kernel = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window")
+        options = _fisher_options(adaptation, blackjax.nuts, {}, "bench")
+        low_rank = adaptation == "fisher_low_rank"
+
+        def kernel_fn(algorithm, logdensity_fn, num_warmup, options):
+            spec = fisher_in_loop(logdensity_fn, num_warmup, options, low_rank)
+            return adaptive_kernel(algorithm, logdensity_fn, num_warmup, {},
+                                   spec._replace(machine=machine))  # fmt: skip
+
+    return WindowAdaptation(blackjax.nuts, logdensity, options, kernel_fn=kernel_fn)
+
+
+def adapted_call(name: str, width: int, devices: int, draws: int, warmup: int, how: str,
+                 adaptation: str = "window"):  # fmt: skip
+    """``cr.run`` of adapted NUTS (``from_blackjax(blackjax.nuts, adaptation=...)``, what
+    users run): ``how`` is ``"run"`` (the default: the machine where chains are vmapped and
+    the adaptation has one), ``"vmap"`` (the same kernel without its machine: the vmapped
+    loop), ``"machine"`` (the machine forced on) or ``"run_1"`` (``batch_size=1``).
+    ``() -> (n_steps, seconds of warmup and sampling, mean of the draws)``."""
+
+    import jax
+
+    import chainrunner as cr
+
+    logdensity, dim, _ = model(name)
+    machine = {"vmap": False, "machine": True}.get(how)
+    kernel = adapted_kernel(adaptation, logdensity, machine)
     x0 = 0.1 * jax.random.normal(jax.random.key(0), (width * devices, dim))
     mesh = cr.chain_mesh(devices)
 
@@ -187,10 +217,13 @@ def adapted_call(name: str, width: int, devices: int, draws: int, warmup: int, h
 
 
 def adapted_row(name: str, width: int, devices: int, draws: int, warmup: int,
-                reps: int) -> dict:  # fmt: skip
-    """One row of ``--adapted``: the vmapped loop, the machine, and ``batch_size=1``."""
-    hows = ["vmap", "run"] + (["run_1"] if width <= 32 else [])
-    calls = {how: adapted_call(name, width, devices, draws, warmup, how) for how in hows}
+                reps: int, adaptation: str = "window") -> dict:  # fmt: skip
+    """One row of ``--adapted``: the vmapped loop, the default run (the machine, forced on
+    where the adaptation has none by default), and ``batch_size=1``."""
+    default = "machine" if adaptation == "fisher_low_rank" else "run"
+    hows = ["vmap", default] + (["run_1"] if width <= 32 else [])
+    calls = {how: adapted_call(name, width, devices, draws, warmup, how, adaptation)
+             for how in hows}  # fmt: skip
     out = {how: f() for how, f in calls.items()}  # compiles
     times = {how: [] for how in calls}
     for r in range(reps):
@@ -198,11 +231,11 @@ def adapted_row(name: str, width: int, devices: int, draws: int, warmup: int,
             times[how].append(calls[how]()[1])
     med = {how: float(np.median(t)) for how, t in times.items()}
     steps = out["vmap"][0].reshape(devices, width, draws)
-    result = {"model": name, "width": width, "devices": devices, "draws": draws,
-              "warmup": warmup, "vmap_s": med["vmap"], "run_s": med["run"],
-              "run_speedup": med["vmap"] / med["run"],
+    result = {"model": name, "adaptation": adaptation, "width": width, "devices": devices,
+              "draws": draws, "warmup": warmup, "vmap_s": med["vmap"], "run_s": med[default],
+              "run_speedup": med["vmap"] / med[default],
               "barrier": float(steps.max(axis=1).mean() / steps.mean()),
-              "mean_vmap": out["vmap"][2], "mean_run": out["run"][2]}  # fmt: skip
+              "mean_vmap": out["vmap"][2], "mean_run": out[default][2]}  # fmt: skip
     if "run_1" in med:
         result.update(run_1_s=med["run_1"], run_1_speedup=med["vmap"] / med["run_1"])
     return result
@@ -256,7 +289,13 @@ def main() -> None:
         type=int,
         default=0,
         metavar="WARMUP",
-        help="window-adapted NUTS with this many warmup draws (cr.run only)",
+        help="adapted NUTS with this many warmup draws (cr.run only)",
+    )
+    parser.add_argument(
+        "--adaptation",
+        default="window",
+        choices=["window", "fisher", "fisher_low_rank"],
+        help="with --adapted: the adaptation (fisher_low_rank: its machine forced on)",
     )
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -272,7 +311,9 @@ def main() -> None:
     for name in models:
         for width in widths:
             if args.adapted:
-                r = adapted_row(name, width, devices, args.draws, args.adapted, args.reps)
+                r = adapted_row(
+                    name, width, devices, args.draws, args.adapted, args.reps, args.adaptation
+                )
             else:
                 r = row(name, width, devices, args.draws, args.reps)
             rows.append(r)
@@ -288,12 +329,14 @@ def main() -> None:
 
 
 def _adapted_table(rows: list) -> None:
-    print("\n| model | width | vmapped loop (s) | cr.run (s) | speed-up | cr.run, 1 | wait |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| model | adaptation | width | vmapped loop (s) | cr.run (s) | speed-up | cr.run, 1 "
+          "| wait |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         figures = (r["vmap_s"], r["run_s"], r["run_speedup"],
                    r.get("run_1_speedup", float("nan")), r["barrier"])  # fmt: skip
-        cells = (r["model"], r["width"], *(f"{v:.2f}" for v in figures))
+        cells = (r["model"], r.get("adaptation", "window"), r["width"],
+                 *(f"{v:.2f}" for v in figures))  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
 
 

@@ -96,6 +96,28 @@ def test_a_chains_draws_do_not_depend_on_its_batch():
         np.testing.assert_array_equal(other[1][1]["n_steps"][0], out[0][1][1]["n_steps"][0])
 
 
+@pytest.mark.parametrize("logdensity", [correlated, funnel])
+def test_the_quorum_changes_when_ends_run_not_the_draws(monkeypatch, logdensity):
+    """Ended chains wait, frozen, until a quarter of the batch has ended (``quorum``):
+    processing every end at once (1) or only when the whole batch has ended (16) gives
+    bitwise the same draws, statistics and final states, with fewer valid draws than the
+    chunk holds."""
+    from chainrunner.adapters._blackjax import _nuts_fsm
+
+    nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(D))
+    starts = jax.vmap(nuts.init)(jax.random.normal(jax.random.key(4), (16, D)))
+    keys = jax.random.split(jax.random.key(5), 16)
+    assert _nuts_fsm.quorum(16) == 4
+    out = []
+    for wait_for in (1, 4, 16):
+        monkeypatch.setattr(_nuts_fsm, "quorum", lambda b, w=wait_for: w)
+        loop = jax.jit(chunk_machine(nuts_spec(nuts), default_extract, 32))
+        out.append(loop(starts, keys, jnp.int32(3), jnp.int32(30)))
+    for other in out[1:]:
+        for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(other), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_dict_positions_and_an_empty_chunk():
     """A position of several sites is flattened inside and given back as it was; with
     ``n_valid=0`` nothing runs and the states come back unchanged."""
@@ -200,8 +222,8 @@ def test_run_with_the_machine_samples_the_target():
 
 def _adapted(adaptation, num_warmup, **options):
     """The adapted kernel ``cr.from_blackjax(blackjax.nuts, adaptation=...)`` builds; for
-    Fisher's adaptations with the machine forced on (by default they keep the plain loop:
-    ``test_which_adapted_kernels_run_as_the_machine``)."""
+    Fisher's adaptations with the machine forced on (by default the low rank keeps the
+    plain loop: ``test_which_adapted_kernels_run_as_the_machine``)."""
     import chainrunner as cr
     from chainrunner.adapters._blackjax import _fisher_options
     from chainrunner.adapters._blackjax._warmup_fisher import fisher_in_loop
@@ -285,8 +307,9 @@ def test_adaptation_moves_on_at_each_chains_transition_end():
 
 
 def test_which_adapted_kernels_run_as_the_machine():
-    """NUTS with the window adaptation does; with Fisher's (an update that, run for the
-    whole batch at each chain's end, measured slower than the plain loop) and HMC not."""
+    """NUTS with the window or the diagonal Fisher adaptation does; with the low-rank
+    Fisher (an eigendecomposition that, run for the whole batch at each processing of
+    ends, measured slower than the plain loop) and HMC not."""
     import chainrunner as cr
 
     def machine(factory, adaptation, **options):
@@ -296,19 +319,20 @@ def test_which_adapted_kernels_run_as_the_machine():
 
     assert machine(blackjax.nuts, "window") is not None
     assert machine(blackjax.nuts, "window", is_mass_matrix_diagonal=False) is not None
-    assert machine(blackjax.nuts, "fisher") is None
+    assert machine(blackjax.nuts, "fisher") is not None
     assert machine(blackjax.nuts, "fisher_low_rank") is None
     assert machine(blackjax.hmc, "window", num_integration_steps=5) is None
 
 
-def test_run_with_window_adaptation_vmaps_the_machine(monkeypatch):
-    """What users run (window-adapted NUTS, ``batch_size=None``) goes through the machine
-    and samples the target: 32 chains x (300 + 400) draws on 2 devices, means and standard
-    deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
+@pytest.mark.parametrize("adaptation", ["window", "fisher"])
+def test_run_with_adaptation_vmaps_the_machine(monkeypatch, adaptation):
+    """What users run (window- or Fisher-adapted NUTS, ``batch_size=None``) goes through the
+    machine and samples the target: 32 chains x (300 + 400) draws on 2 devices, means and
+    standard deviations of a correlated Gaussian within 4 Monte-Carlo standard errors."""
     import chainrunner as cr
 
     logdensity, cov = _gaussian(3.0)
-    adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window")
+    adapter = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation=adaptation)
     calls = _spy(monkeypatch)
     x0 = jax.random.normal(jax.random.key(4), (32, 5))
     trace = cr.run(adapter, jax.random.key(5), x0, 400, num_warmup=300,

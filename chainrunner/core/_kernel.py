@@ -81,8 +81,8 @@ class Kernel(NamedTuple):
             start, n_valid) -> (states, (draws, stats))`` for a batch of chains (leading
             axis), which runs draws ``start .. start + n_valid - 1`` of each chain with
             the keys ``step`` would get, without a chain waiting for another's
-            transition to end (``cr.from_blackjax`` sets it for ``blackjax.nuts``, fixed
-            or window-adapted).
+            transition to end (``cr.from_blackjax`` sets it for ``blackjax.nuts``, fixed,
+            window- or diagonal-Fisher-adapted).
             Used where chains are vmapped and ``thinning`` is 1.
 
     Examples:

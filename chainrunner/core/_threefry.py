@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["fold_in", "is_threefry", "normal", "split", "uniform"]
+__all__ = ["fold_in", "is_threefry", "is_threefry_impl", "normal", "split", "uniform"]
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
@@ -26,7 +26,12 @@ _PARITY = np.uint32(0x1BD11BDA)
 
 def is_threefry(keys: jax.Array) -> bool:
     """Whether ``keys`` (typed keys) are JAX's default ``threefry2x32``."""
-    return str(jax.random.key_impl(keys)) == "threefry2x32"
+    return is_threefry_impl(jax.random.key_impl(keys))
+
+
+def is_threefry_impl(impl: Any) -> bool:
+    """Whether ``impl`` (``jax.random.key_impl``'s) is JAX's default ``threefry2x32``."""
+    return str(impl) == "threefry2x32"
 
 
 def _rotl(x: jax.Array, r: int) -> jax.Array:

@@ -22,13 +22,16 @@ What makes a tick cheap (measured on CPU, ``benchmarks/bench_nuts_fsm.py``):
   half the momentum) and ``v_i . w_i``; a U-turn check against all checkpoints is then two
   matrix-vector products, not a ``(depth, dim)`` array per tick (about half the tick);
 - a transition's momentum and keys are drawn for the whole chunk before the loop;
-- a chain's end (its draw stored, its next transition begun) runs under a ``lax.cond``
-  on "some chain ended", not as a ``select`` at every tick.
+- a chain's end (its draw stored, its next transition begun) runs under a ``lax.cond``,
+  not as a ``select`` at every tick, and once a quarter of the batch has ended
+  (``quorum``): until then an ended chain waits, its result frozen (its ``end`` masked);
+- a leaf's uniform is drawn by ``core/_threefry``'s written-out hash, not XLA's loop.
 
 ``nuts_spec(algorithm)`` recognises a built ``blackjax.nuts(...)``;
 ``chunk_machine(spec, extract, chunk_len)`` is the batch's chunk of draws. A kernel that
 wraps NUTS in a chain state of its own (an in-loop adaptation,
-``_warmup_window.adaptive_kernel``: the window's; Fisher's keep the plain loop) gives an
+``_warmup_window.adaptive_kernel``: the window's and the diagonal Fisher's; the low-rank
+Fisher keeps the plain loop) gives an
 ``Adaptive``: where the machine reads each
 chain's step size and inverse mass matrix at a transition's start, and how a chain's state
 moves on (its adaptation updated) when a transition ends.
@@ -152,7 +155,8 @@ class Machine(NamedTuple):
     the doubling's; ``ck``: checkpoints ``(v, w, v.w)``; ``e0``: initial energy; ``p0``:
     initial momentum; ``right``: the doubling's direction; ``rights``, ``tkeys``, ``us``: each
     doubling's direction, trajectory key (its data) and merge uniform, drawn from the
-    transition's key as blackjax draws them; ``count``: draws stored.
+    transition's key as blackjax draws them; ``count``: draws stored; ``waiting``: its
+    transition ended and waits, frozen, for the batch to process its end (``quorum``).
     """
 
     h: Any
@@ -180,6 +184,7 @@ class Machine(NamedTuple):
     turning: Any
     diverging: Any
     count: Any
+    waiting: Any
 
 
 class Parts(NamedTuple):
@@ -245,7 +250,7 @@ def _begin(spec: Spec, q, lq, g, p, h, imm, rights, tkeys, us, count) -> Machine
         ck=(jnp.zeros((depth, dim), q.dtype), jnp.zeros((depth, dim), q.dtype),
             jnp.zeros((depth,), q.dtype)),
         e0=e0, p0=p, right=rights[0], rights=rights, tkeys=tkeys, us=us, turning=false,
-        diverging=false, count=count,
+        diverging=false, count=count, waiting=false,
     )  # fmt: skip
 
 
@@ -263,8 +268,7 @@ def _leaf(parts: Parts, spec: Spec, m: Machine) -> tuple:
     w = m.e0 - energy
     w = jnp.where(jnp.isnan(w), -jnp.inf, w)
     first = m.leaf == 0
-    tkey = jax.random.wrap_key_data(m.tkeys[m.doubling], impl=parts.key_impl)
-    u = jax.random.uniform(jax.random.fold_in(tkey, m.leaf), dtype=w.dtype)
+    u = _leaf_uniform(parts, m.tkeys[m.doubling], m.leaf, w.dtype)
     take = first | (u < jax.scipy.special.expit(w - m.sstat[2]))
     sw = jnp.where(first, w, jnp.logaddexp(m.sstat[2], w))
     sa = jnp.where(first, jnp.minimum(w, 0.0), jnp.logaddexp(m.sstat[3], jnp.minimum(w, 0.0)))
@@ -272,6 +276,16 @@ def _leaf(parts: Parts, spec: Spec, m: Machine) -> tuple:
     sl = jnp.where(take, new.logdensity, m.sstat[0])
     sstat = jnp.stack([sl, jnp.where(take, energy, m.sstat[1]), sw, sa])
     return new, v, sub, sstat, -w > spec.divergence_threshold
+
+
+def _leaf_uniform(parts: Parts, tkey: jax.Array, leaf: jax.Array, dtype: Any) -> jax.Array:
+    """The uniform of a doubling's leaf ``leaf`` (``uniform(fold_in(tkey, leaf))``), from
+    ``core/_threefry`` for threefry keys and float32 (the same bits; written out, not the
+    rolled hash loop XLA makes of JAX's on CPU)."""
+    if _threefry.is_threefry_impl(parts.key_impl) and jnp.dtype(dtype) == jnp.float32:
+        return _threefry.uniform(_threefry.fold_in(tkey, leaf))
+    tkey = jax.random.wrap_key_data(tkey, impl=parts.key_impl)
+    return jax.random.uniform(jax.random.fold_in(tkey, leaf), dtype=dtype)
 
 
 def _checkpoints(m: Machine, p, v, spsum) -> tuple:
@@ -300,7 +314,8 @@ def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
     spsum = m.spsum + new.momentum
     ck, sub_turning = _checkpoints(m, new.momentum, v, spsum)
     leaf = m.leaf + 1
-    end = (leaf >= (1 << m.doubling)) | sub_turning | diverging
+    # A chain whose transition ended waits, its result frozen, until its end is processed.
+    end = ((leaf >= (1 << m.doubling)) | sub_turning | diverging) & ~m.waiting
     rejected = diverging | sub_turning
     u = m.us[m.doubling]
     accept = end & ~rejected & (u < jnp.clip(jnp.exp(sstat[2] - m.pstat[2]), max=1))
@@ -326,7 +341,7 @@ def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
         prop=jnp.where(accept, sub, m.prop), pstat=pstat, sub=sub, sstat=sstat, ck=ck,
         right=jnp.where(end, right, m.right),
         turning=jnp.where(end, turning, m.turning),
-        diverging=jnp.where(end, diverging, m.diverging),
+        diverging=jnp.where(end, diverging, m.diverging), waiting=m.waiting | done,
     )  # fmt: skip
     return m, done
 
@@ -466,6 +481,20 @@ def _finisher(spec: Spec, parts: Parts, extract: Callable) -> Callable:
     return result
 
 
+def quorum(width: int) -> int:
+    """How many chains of a batch of ``width`` wait, their transitions ended, before the
+    batch processes their ends together (fewer if fewer chains still draw).
+
+    A chain's end (its draw stored, its adaptation, its next transition begun) runs for the
+    whole batch, so processing it at every tick where one chain ended costs as much as a
+    tick on short trajectories; a waiting chain loses its ticks. A quarter of the batch
+    measured best (``docs/batches.md``): 1.29x on window-adapted eight schools at 32
+    chains per device, within 2% either way on a 50-d Gaussian. A function of the width
+    only: the draws are the same whatever it is.
+    """
+    return max(1, width // 4)
+
+
 def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
     """The batch's chunk loop: ``loop(states, step_keys, start, n_valid) -> (states,
     (draws, stats))`` for ``b`` chains at once (leading axis ``b`` on ``states`` and
@@ -483,6 +512,7 @@ def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
         flat = jax.vmap(lambda x: ravel_pytree(x)[0])
         q, g, lq = flat(inner.position), flat(inner.logdensity_grad), inner.logdensity
         b, rows = q.shape[0], jnp.arange(q.shape[0])
+        wait_for = quorum(b)
         begin_at = _starter(spec, parts, step_keys, start, q, chunk_len)
         result = _finisher(spec, parts, extract)
         m = begin_at(jnp.zeros(b, jnp.int32), q, lq, g, states)
@@ -509,9 +539,11 @@ def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
             # A chain with all its draws ticks on (cheaper than keeping it as it is);
             # nothing of it is stored any more.
             m, last, buffers = carry
-            m, done = jax.vmap(lambda m: _tick(parts, spec, m))(m)
-            fin = (m.count < n_valid) & done
-            return jax.lax.cond(jnp.any(fin), ended, lambda c, f: c, (m, last, buffers), fin)
+            m, _ = jax.vmap(lambda m: _tick(parts, spec, m))(m)
+            running = m.count < n_valid
+            fin = running & m.waiting
+            due = jnp.sum(fin) >= jnp.minimum(wait_for, jnp.sum(running))
+            return jax.lax.cond(due, ended, lambda c, f: c, (m, last, buffers), fin)
 
         _, last, buffers = jax.lax.while_loop(
             lambda c: jnp.any(c[0].count < n_valid), body, (m, states, buffers)

@@ -115,8 +115,9 @@ class InLoop(NamedTuple):
             untouched).
         machine: whether NUTS with this adaptation runs as the state machine where chains
             share a vmap (``_nuts_fsm``). There ``adapt`` runs for the whole batch each
-            time some chain's transition ends (most ticks): worth it only where it is as
-            cheap as Stan's window (docs/batches.md has the measurements).
+            time the machine processes ended transitions (every few ticks): worth it only
+            where it is cheap, as Stan's window and the diagonal Fisher are
+            (docs/batches.md has the measurements).
     """
 
     init: Callable
