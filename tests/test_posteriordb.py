@@ -5,7 +5,9 @@ posterior runs in its own subprocess with float64 enabled (a process-wide JAX se
 4 chains x 1000 draws after 1000 warmup steps, on 2 CPU devices; and again with
 ``until=cr.Converged()`` (a cap of 4000 draws), which must stop converged and match the
 references just the same; and with nutpie's Fisher adaptation on the model's log density
-(``cr.from_numpyro(NUTS(model), adaptation="fisher_low_rank")``, blackjax's NUTS).
+(``cr.from_numpyro(NUTS(model), adaptation="fisher_low_rank")``, blackjax's NUTS); and
+with blackjax's NUTS window-adapted, 16 chains vmapped 8 per device: the NUTS state
+machine (issue 37), against the same references.
 
 Pass rule (README): ``|mean - ref| <= 4 * sqrt(mcse^2 + ref_mcse^2)``; ``sd`` within 15%
 of the reference, or within ``4 * sqrt(mcse_sd^2 + ref_mcse_sd^2)`` (heavy tails, as
@@ -91,12 +93,18 @@ SCRIPT = textwrap.dedent(
         # users write it: no dense_mass (the low rank finds kidiq's correlations itself)
         kernel = numpyro.infer.NUTS(kernel.model, target_accept_prob=kernel._target_accept_prob)
         options = {"adaptation": "fisher_low_rank"}
-    trace = cr.run(cr.from_numpyro(kernel, model_args=args, **options),
-                   jax.random.key(20240101), None,
-                   4000 if until else 1000, num_warmup=1000, num_chains=4, progress=False,
+    machine = sys.argv[3] == "machine"
+    if machine:  # blackjax's NUTS, window-adapted, 8 chains in one vmap per device: the
+        # state machine in which no chain waits (dense_mass and the target carry over)
+        options = {"adaptation": "window"}
+    adapter = cr.from_numpyro(kernel, model_args=args, **options)
+    trace = cr.run(adapter, jax.random.key(20240101), None,
+                   4000 if until else 1000, num_warmup=1000, num_chains=16 if machine else 4,
+                   batch_size=None if machine else "auto", progress=False,
                    until=until, chunk_size=50 if until else None)
     out = {"divergences": int(trace.stats["diverging"].sum()), "draws": trace.num_draws,
-           "stopped": trace.attrs.get("stopped"),
+           "stopped": trace.attrs.get("stopped"), "layout": trace.attrs["layout"],
+           "machine": machine and adapter.build_kernel(num_warmup=1000).machine is not None,
            "sampling_time": trace.attrs["sampling_time"], "params": {}}
     for site, draws in trace.draws.items():
         draws = np.asarray(draws, dtype=np.float64)
@@ -124,11 +132,12 @@ POSTERIORS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fixed", "until", "fisher"])
+@pytest.mark.parametrize("mode", ["fixed", "until", "fisher", "machine"])
 @pytest.mark.parametrize("posterior", POSTERIORS)
 def test_posteriordb_reference(posterior, mode):
     """1000 + 1000 draws; or ``until=cr.Converged()``: stopped converged, same answer; or
-    nutpie's adaptation (blackjax's NUTS on numpyro's log density): the same answer."""
+    nutpie's adaptation (blackjax's NUTS on numpyro's log density): the same answer; or
+    window-adapted blackjax NUTS vmapped as the state machine: the same answer."""
     env = {**os.environ, "TQDM_DISABLE": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, posterior, DB, mode],
@@ -139,6 +148,8 @@ def test_posteriordb_reference(posterior, mode):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "machine":  # the vmapped state machine ran
+        assert result["machine"] and "8 per device, batch_size=all" in result["layout"], result
     if mode == "until":  # every variable met the targets before the cap
         assert result["stopped"] == "converged" and result["draws"] < 4000, result["draws"]
     with open(os.path.join(DB, "reference", posterior + ".json")) as f:

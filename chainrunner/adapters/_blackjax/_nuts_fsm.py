@@ -489,8 +489,8 @@ def quorum(width: int) -> int:
     whole batch, so processing it at every tick where one chain ended costs as much as a
     tick on short trajectories; a waiting chain loses its ticks. A quarter of the batch
     measured best (``docs/batches.md``): 1.29x on window-adapted eight schools at 32
-    chains per device, within 2% either way on a 50-d Gaussian. A function of the width
-    only: the draws are the same whatever it is.
+    chains per device, 0.98-1.11x on a 50-d Gaussian. A function of the width only, and
+    the draws are the same whatever it is.
     """
     return max(1, width // 4)
 
