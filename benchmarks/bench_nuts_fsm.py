@@ -28,6 +28,11 @@ on the first accelerator (widths 1,024 and 4,096 too).
     python benchmarks/bench_nuts_fsm.py [--widths 8,32,128,1024] [--devices 2] [--gpu]
     python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --widths 8,32
     python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --adaptation fisher
+    python benchmarks/bench_nuts_fsm.py --quorums [--adapted 1000 --draws 1000]
+
+``--quorums``: the machine alone with its ended chains processed at every tick where one
+has ended, or once an eighth, a quarter (the default, ``_nuts_fsm.quorum``) or half of
+the batch has: each one's speed over the first, and whether the draws are the same.
 """
 
 from __future__ import annotations
@@ -275,6 +280,79 @@ def row(name: str, width: int, devices: int, draws: int, reps: int) -> dict:
     return result
 
 
+QUORUMS = {"each": None, "eighth": 8, "quarter": 4, "half": 2}
+"""``--quorums``: when the machine processes ended chains (``_nuts_fsm.quorum``): at every
+tick where one has ended, or once an eighth, a quarter (the default) or half of the batch."""
+
+
+def quorum_program(name: str, width: int, devices: int, draws: int, warmup: int,
+                   divisor: int | None):  # fmt: skip
+    """The machine alone, ``jit(shard_map(chunk_machine))``, with ``quorum(b) = max(1, b //
+    divisor)`` (``None``: 1), for fixed parameters (``warmup`` 0) or window-adapted NUTS
+    (``warmup`` + ``draws`` in one chunk): ``(program, args)``."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from chainrunner.adapters._blackjax import _nuts_fsm
+    from chainrunner.adapters._blackjax._warmup_window import window_kernel
+    from chainrunner.core._kernel import default_extract
+
+    logdensity, dim, eps = model(name)
+    n, length = width * devices, warmup + draws
+    x0 = 0.1 * jax.random.normal(jax.random.key(0), (n, dim))
+    if warmup:
+        options = {"is_mass_matrix_diagonal": True, "initial_step_size": 1.0,
+                   "target_acceptance_rate": 0.8}  # fmt: skip
+        kernel = window_kernel(blackjax.nuts, logdensity, warmup, options)
+        states = jax.vmap(kernel.init)(x0, jax.random.split(jax.random.key(3), n))
+        spec, extract = kernel.machine.args[0], kernel.extract
+    else:
+        nuts = blackjax.nuts(logdensity, eps, jnp.ones(dim))
+        states = jax.vmap(nuts.init)(x0)
+        spec, extract = _nuts_fsm.nuts_spec(nuts), default_extract
+
+    def chunk(states, keys):
+        original = _nuts_fsm.quorum
+        _nuts_fsm.quorum = lambda b: 1 if divisor is None else max(1, b // divisor)
+        try:  # read when the program is traced
+            loop = _nuts_fsm.chunk_machine(spec, extract, length)
+            out = loop(states, keys, jnp.int32(0), jnp.int32(length))[1]
+        finally:
+            _nuts_fsm.quorum = original
+        return out[0], out[1]["n_steps"]
+
+    mesh = jax.make_mesh((devices,), ("chain",))
+    program = jax.jit(jax.shard_map(chunk, mesh=mesh, in_specs=P("chain"),
+                                    out_specs=P("chain"), check_vma=False))  # fmt: skip
+    put = NamedSharding(mesh, P("chain"))
+    keys = jax.random.split(jax.random.key(1), n)
+    return program, (jax.device_put(states, put), jax.device_put(keys, put))
+
+
+def quorum_row(name: str, width: int, devices: int, draws: int, warmup: int,
+               reps: int) -> dict:  # fmt: skip
+    """One row of ``--quorums``: each quorum's time, its speed over ``"each"``, and whether
+    its draws equal ``"each"``'s bitwise."""
+    programs_ = {label: quorum_program(name, width, devices, draws, warmup, d)
+                 for label, d in QUORUMS.items()}  # fmt: skip
+    calls = {label: (lambda p=p: p[0](*p[1])) for label, p in programs_.items()}
+    out = {label: timed(f)[1] for label, f in calls.items()}  # compiles
+    times = {label: [] for label in calls}
+    for r in range(reps):
+        for label in calls if r % 2 == 0 else list(calls)[::-1]:
+            times[label].append(timed(calls[label])[0])
+    med = {label: float(np.median(t)) for label, t in times.items()}
+    same = {label: bool(np.array_equal(out[label][0], out["each"][0])) for label in out}
+    return {"model": name, "width": width, "devices": devices, "draws": draws,
+            "warmup": warmup, "seconds": med,
+            "speedup": {label: med["each"] / t for label, t in med.items()},
+            "same_draws": same,
+            "steps_per_draw": float(np.asarray(out["each"][1]).mean())}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="eight_schools,gaussian_50")
@@ -297,6 +375,12 @@ def main() -> None:
         choices=["window", "fisher", "fisher_low_rank"],
         help="with --adapted: the adaptation (fisher_low_rank: its machine forced on)",
     )
+    parser.add_argument(
+        "--quorums",
+        action="store_true",
+        help="the machine alone, ends processed at each tick or once 1/8, 1/4, 1/2 of the "
+        "batch has ended (with --adapted N: window-adapted)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     devices = 1 if args.gpu else args.devices
@@ -310,7 +394,9 @@ def main() -> None:
     rows = []
     for name in models:
         for width in widths:
-            if args.adapted:
+            if args.quorums:
+                r = quorum_row(name, width, devices, args.draws, args.adapted, args.reps)
+            elif args.adapted:
                 r = adapted_row(
                     name, width, devices, args.draws, args.adapted, args.reps, args.adaptation
                 )
@@ -318,7 +404,9 @@ def main() -> None:
                 r = row(name, width, devices, args.draws, args.reps)
             rows.append(r)
             print(json.dumps(r), flush=True)
-    if args.adapted:
+    if args.quorums:
+        _quorum_table(rows)
+    elif args.adapted:
         _adapted_table(rows)
     else:
         _table(rows)
@@ -326,6 +414,21 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     sys.stdout.flush()
+
+
+def _quorum_table(rows: list) -> None:
+    print("\n| model | warmup | width | steps/draw | " + " | ".join(QUORUMS) + " | same draws |")
+    print("|---|---:|---:|---:|" + "---:|" * len(QUORUMS) + "---|")
+    for r in rows:
+        cells = (
+            r["model"],
+            r["warmup"],
+            r["width"],
+            f"{r['steps_per_draw']:.1f}",
+            *(f"{r['speedup'][q]:.2f}" for q in QUORUMS),
+            all(r["same_draws"].values()),
+        )
+        print("| " + " | ".join(map(str, cells)) + " |")
 
 
 def _adapted_table(rows: list) -> None:

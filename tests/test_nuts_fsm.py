@@ -96,23 +96,50 @@ def test_a_chains_draws_do_not_depend_on_its_batch():
         np.testing.assert_array_equal(other[1][1]["n_steps"][0], out[0][1][1]["n_steps"][0])
 
 
-@pytest.mark.parametrize("logdensity", [correlated, funnel])
+def _with_quorums(monkeypatch, build, *args) -> list:
+    """The chunk ``build()`` gives, run with ends processed one at a time, a quarter of the
+    batch at a time (the default) and all at once; each quorum is asked for once."""
+    from chainrunner.adapters._blackjax import _nuts_fsm
+
+    asked, out = [], []
+    for wait_for in (1, 4, 16):
+
+        def quorum(b, w=wait_for):
+            asked.append((b, w))
+            return w
+
+        monkeypatch.setattr(_nuts_fsm, "quorum", quorum)
+        out.append(jax.jit(build())(*args))
+    assert asked == [(16, 1), (16, 4), (16, 16)], asked  # the patch reached the loop
+    return out
+
+
+@pytest.mark.parametrize("logdensity", [correlated, funnel, "window"])
 def test_the_quorum_changes_when_ends_run_not_the_draws(monkeypatch, logdensity):
     """Ended chains wait, frozen, until a quarter of the batch has ended (``quorum``):
     processing every end at once (1) or only when the whole batch has ended (16) gives
     bitwise the same draws, statistics and final states, with fewer valid draws than the
-    chunk holds."""
+    chunk holds; with the window adaptation too, its warmup ending inside the chunk (chains
+    past it processed with chains still adapting)."""
     from chainrunner.adapters._blackjax import _nuts_fsm
 
-    nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(D))
-    starts = jax.vmap(nuts.init)(jax.random.normal(jax.random.key(4), (16, D)))
+    assert _nuts_fsm.quorum(16) == 4 and _nuts_fsm.quorum(3) == 1
+    x = jax.random.normal(jax.random.key(4), (16, D))
+    if logdensity == "window":
+        kernel = _adapted("window", 12)
+        starts = jax.vmap(kernel.init)(x, jax.random.split(jax.random.key(6), 16))
+
+        def build():
+            return kernel.machine(kernel.extract, 32)
+    else:
+        nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(D))
+        starts = jax.vmap(nuts.init)(x)
+
+        def build():
+            return chunk_machine(nuts_spec(nuts), default_extract, 32)
+
     keys = jax.random.split(jax.random.key(5), 16)
-    assert _nuts_fsm.quorum(16) == 4
-    out = []
-    for wait_for in (1, 4, 16):
-        monkeypatch.setattr(_nuts_fsm, "quorum", lambda b, w=wait_for: w)
-        loop = jax.jit(chunk_machine(nuts_spec(nuts), default_extract, 32))
-        out.append(loop(starts, keys, jnp.int32(3), jnp.int32(30)))
+    out = _with_quorums(monkeypatch, build, starts, keys, jnp.int32(3), jnp.int32(30))
     for other in out[1:]:
         for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(other), strict=True):
             np.testing.assert_array_equal(a, b)

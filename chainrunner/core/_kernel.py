@@ -80,8 +80,8 @@ class Kernel(NamedTuple):
             a device: ``machine(extract, chunk_len)`` gives ``loop(states, step_keys,
             start, n_valid) -> (states, (draws, stats))`` for a batch of chains (leading
             axis), which runs draws ``start .. start + n_valid - 1`` of each chain with
-            the keys ``step`` would get, without a chain waiting for another's
-            transition to end (``cr.from_blackjax`` sets it for ``blackjax.nuts``, fixed,
+            the keys ``step`` would get, without a chain waiting for the batch's
+            longest transition (``cr.from_blackjax`` sets it for ``blackjax.nuts``, fixed,
             window- or diagonal-Fisher-adapted).
             Used where chains are vmapped and ``thinning`` is 1.
 

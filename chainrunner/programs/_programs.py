@@ -137,7 +137,7 @@ def chunk_loop(
 def machine_loop(loop: Callable, batched: Callable) -> Callable:
     """``loop`` (one chain's chunk), which under ``vmap`` runs as ``batched`` (a batch's
     chunk as a state machine, ``Kernel.machine``): the same draws, and no chain of the
-    batch waits for another's transition. Unbatched (``batch_size=1``) it is ``loop``."""
+    batch waits for the batch's longest transition. Unbatched (``batch_size=1``) it is ``loop``."""
 
     @custom_vmap
     def chunk(state, step_key, start, n_valid):

@@ -5,8 +5,10 @@ of each doubling, the U-turn checks of each step) runs every chain of a batch un
 longest trajectory of the batch ends: at every draw each chain waits for the slowest.
 Dance, Glaser, Orbanz & Adams (ICML 2025) recast NUTS as a finite-state machine instead:
 each vmapped *tick* advances every chain by one leapfrog step of its own trajectory, and a
-chain whose transition ends stores its draw and starts its next transition at once. A
-batch then waits for its slowest chain once per chunk of draws, not once per draw.
+chain whose transition ends stores its draw and starts its next transition. A batch then
+waits for its slowest chain once per chunk of draws, not once per draw. (Here an ended
+chain waits, frozen, until at least a quarter of its batch has ended, and their ends are
+processed together: ``quorum``.)
 
 This module is that machine, written from the paper's idea for blackjax's iterative NUTS
 (``blackjax.nuts``: multinomial sampling within a doubling, biased progressive sampling
@@ -333,9 +335,12 @@ def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
     done = end & ((doubling >= spec.max_num_doublings) | diverging | turning)
     right = m.rights[jnp.minimum(doubling, spec.max_num_doublings - 1)]
     nside = right.astype(jnp.int32)
+    # A waiting chain integrates the same step again rather than marching on (after a
+    # divergence, far out): nothing of it is read until its next transition begins.
+    step_on = jnp.where(m.waiting, m.front, qpg), jnp.where(m.waiting, m.lfront, new.logdensity)
     m = m._replace(
-        ends=ends, lends=lends, front=jnp.where(end, ends[nside], qpg),
-        lfront=jnp.where(end, lends[nside], new.logdensity), psum=psum,
+        ends=ends, lends=lends, front=jnp.where(end, ends[nside], step_on[0]),
+        lfront=jnp.where(end, lends[nside], step_on[1]), psum=psum,
         n=m.n + jnp.where(end, leaf, 0), spsum=jnp.where(end, 0, spsum),
         leaf=jnp.where(end, 0, leaf), doubling=doubling,
         prop=jnp.where(accept, sub, m.prop), pstat=pstat, sub=sub, sstat=sstat, ck=ck,
@@ -488,9 +493,9 @@ def quorum(width: int) -> int:
     A chain's end (its draw stored, its adaptation, its next transition begun) runs for the
     whole batch, so processing it at every tick where one chain ended costs as much as a
     tick on short trajectories; a waiting chain loses its ticks. A quarter of the batch
-    measured best (``docs/batches.md``): 1.29x on window-adapted eight schools at 32
-    chains per device, 0.98-1.11x on a 50-d Gaussian. A function of the width only, and
-    the draws are the same whatever it is.
+    measured best (``bench_nuts_fsm.py --quorums``, ``docs/batches.md``): 1.22-1.32x on
+    window-adapted eight schools at 8-32 chains per device, 0.96-1.09x elsewhere. A
+    function of the width only, and the draws are the same whatever it is.
     """
     return max(1, width // 4)
 
