@@ -25,7 +25,7 @@ What makes a tick cheap (measured on CPU, ``benchmarks/bench_nuts_fsm.py``):
   matrix-vector products, not a ``(depth, dim)`` array per tick (about half the tick);
 - a transition's momentum and keys are drawn for the whole chunk before the loop;
 - a chain's end (its draw stored, its next transition begun) runs under a ``lax.cond``,
-  not as a ``select`` at every tick, and once a quarter of the batch has ended
+  not as a ``select`` at every tick, and once at least a quarter of the batch has ended
   (``quorum``): until then an ended chain waits, its result frozen (its ``end`` masked);
 - a leaf's uniform is drawn by ``core/_threefry``'s written-out hash, not XLA's loop.
 
@@ -309,9 +309,10 @@ def _checkpoints(m: Machine, p, v, spsum) -> tuple:
     return (V, W, c), jnp.any(turned & (rows >= idx_min) & (rows <= idx_max))
 
 
-def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
+def _tick(parts: Parts, spec: Spec, m: Machine) -> Machine:
     """One leapfrog step; where the doubling ends, its merge (``expand_once``'s end) and
-    the next doubling's start. Returns the machine and whether its transition ended."""
+    the next doubling's start. A chain whose transition ends
+    waits (``waiting``) until the batch processes its end."""
     new, v, sub, sstat, diverging = _leaf(parts, spec, m)
     spsum = m.spsum + new.momentum
     ck, sub_turning = _checkpoints(m, new.momentum, v, spsum)
@@ -348,7 +349,7 @@ def _tick(parts: Parts, spec: Spec, m: Machine) -> tuple[Machine, jax.Array]:
         turning=jnp.where(end, turning, m.turning),
         diverging=jnp.where(end, diverging, m.diverging), waiting=m.waiting | done,
     )  # fmt: skip
-    return m, done
+    return m
 
 
 def _result(parts: Parts, m: Machine) -> tuple[Any, Any]:
@@ -541,10 +542,10 @@ def chunk_machine(spec: Spec, extract: Callable, chunk_len: int) -> Callable:
             return m, last, buffers
 
         def body(carry):
-            # A chain with all its draws ticks on (cheaper than keeping it as it is);
-            # nothing of it is stored any more.
+            # A chain with all its draws ticks on until its extra transition ends, then
+            # waits, frozen; nothing of it is stored any more.
             m, last, buffers = carry
-            m, _ = jax.vmap(lambda m: _tick(parts, spec, m))(m)
+            m = jax.vmap(lambda m: _tick(parts, spec, m))(m)
             running = m.count < n_valid
             fin = running & m.waiting
             due = jnp.sum(fin) >= jnp.minimum(wait_for, jnp.sum(running))
