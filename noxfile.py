@@ -25,6 +25,9 @@ def tests(session: nox.Session) -> None:
         # Tests are mostly XLA compilation, one core each: one worker per core.
         "-n",
         "auto",
+        # Idle workers take queued tests from busy ones: no tail of long tests on one.
+        "--dist",
+        "worksteal",
         *session.posargs,
         env={"JAX_NUM_CPU_DEVICES": "8"},
     )
@@ -36,7 +39,7 @@ def quick(session: nox.Session) -> None:
     session.install("-e", ".[test,pymc]")
     session.run(
         "pytest", "tests", "-m", "not slow", "-p", "no:cacheprovider", "-n", "auto",
-        *session.posargs, env={"JAX_NUM_CPU_DEVICES": "8"},
+        "--dist", "worksteal", *session.posargs, env={"JAX_NUM_CPU_DEVICES": "8"},
     )  # fmt: skip
 
 
