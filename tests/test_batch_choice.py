@@ -100,10 +100,10 @@ def test_the_rule_on_its_facts(monkeypatch):
     flops = {"value": 1e6}
     monkeypatch.setattr(_choose, "step_flops", lambda start: flops["value"])
 
-    def choose(num_samples, chains=64, devices=2, warmup=0):
+    def choose(num_samples, chains=64, devices=2, warmup=0, machine=None):
         plan = types.SimpleNamespace(batch_size="auto", num_warmup=warmup,
                                      num_samples=num_samples)  # fmt: skip
-        kernel = types.SimpleNamespace(ensemble=None)
+        kernel = types.SimpleNamespace(ensemble=None, machine=machine)
         start = types.SimpleNamespace(num_chains=chains, kernel=kernel, previous_batch_size=None,
                                       cross_chain=False)  # fmt: skip
         return _choose.choose(plan, start, cr.chain_mesh(devices))
@@ -121,6 +121,14 @@ def test_the_rule_on_its_facts(monkeypatch):
     monkeypatch.setattr(_choose, "_old_jax", lambda: True)  # on jax 0.10 it is, if long
     assert choose(100000).batch_size is None  # one vmap of all: per-op overhead
     assert choose(100000, chains=8).batch_size == 1  # 4 chains per device
+    # 11000 steps x 32 chains per device: about 9.1 s with 1. A plain vmap at 1.4x would
+    # save 2.6 s, less than its compile; NUTS as the state machine, at 1.6x, 3.4 s: more.
+    assert choose(11000).batch_size == 1
+    as_machine = choose(11000, machine=lambda extract, length: None)
+    assert as_machine.batch_size is None and "1.6x (NUTS as the state machine)" in as_machine.reason
+    monkeypatch.setattr(_choose, "_old_jax", lambda: False)  # jax 0.12: 1 (the machine 0.45-0.7x)
+    assert choose(11000, machine=lambda extract, length: None).batch_size == 1
+    monkeypatch.setattr(_choose, "_old_jax", lambda: True)
     flops["value"] = None
     assert "unknown" in choose(100000).reason
 

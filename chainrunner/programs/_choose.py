@@ -20,9 +20,11 @@ The rule (``docs/batch-size.md`` has the measurements behind each constant):
   program (``VMAP_COMPILE_S``). A vmap is expected to be faster where one step is
   matrix work (``MATRIX_FLOPS`` or more: a vmap turns matrix-vector products into
   matrix-matrix ones), or, on jax older than 0.11, where a device holds
-  ``SMALL_MODEL_WIDTH`` chains or more (per-op overhead amortised; on jax 0.12 a vmap
-  of a small model measured 0.3-0.4x the speed of ``1``). Matrix work takes vmaps of
-  ``WIDEST`` chains where a device holds more; a small model one vmap of all.
+  ``SMALL_MODEL_WIDTH`` chains or more (per-op overhead amortised; priced higher,
+  ``MACHINE_SPEEDUP``, where blackjax's NUTS runs as the state machine; on jax 0.12 a
+  vmap of a small model measured 0.3-0.4x the speed of ``1``, the machine 0.45-0.7x).
+  Matrix work takes vmaps of ``WIDEST`` chains where a device holds more; a small model
+  one vmap of all.
 
 The choice and the facts it came from go to ``attrs["batch_size_choice"]``.
 """
@@ -49,6 +51,13 @@ regression and matmul rows: 0.83-1.71x, 1.3x on the long matmul run of 4000 + 40
 SMALL_MODEL_SPEEDUP = 1.4
 """On jax < 0.11, a vmap's expected speed over ``1`` on a small model with
 ``SMALL_MODEL_WIDTH`` chains per device or more (the grid: 1.1-1.7x)."""
+MACHINE_SPEEDUP = 1.6
+"""On jax < 0.11, the expected speed over ``1`` of a vmap that runs blackjax's NUTS as the
+state machine (``Kernel.machine``: no chain waits for the batch's longest trajectory) on
+a small model with ``SMALL_MODEL_WIDTH`` chains per device or more
+(``bench_nuts_fsm.py``, ``cr.run`` against ``batch_size=1``, 2 devices: 1.65-2.0x at 8
+chains per device, 2.5-3.1x at 32, fixed, window-adapted and Fisher-adapted; its program
+compiles 2.5-2.8 s longer than ``1``'s, within ``VMAP_COMPILE_S``)."""
 MATRIX_FLOPS = 5e4
 """Flops of one kernel step from which the step is matrix work a vmap speeds up (the
 grid's logistic regression 5000x20 and matmul models: 2.7e5 to 4.7e5; eight schools and
@@ -116,12 +125,14 @@ def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
         f"{steps} steps x {per_device} chains per device, {flops:.3g} flops a step: about "
         f"{seconds:.3g} s with 1 at the rule's rates"
     )
-    speedup = expected_speedup(flops, per_device, old)
+    machine = getattr(start.kernel, "machine", None) is not None
+    speedup = expected_speedup(flops, per_device, old, machine)
     if speedup is None:
         why = "" if old else f", under {MATRIX_FLOPS:.0e} flops on jax >= 0.11"
         return Choice(1, _one(f"{facts}; a vmap is not faster{why}"))
     saved = seconds * (1 - 1 / speedup)
-    than = f"{saved:.2g} s at {speedup:g}x, {'more' if saved >= VMAP_COMPILE_S else 'less'} " \
+    at = f"{speedup:g}x{' (NUTS as the state machine)' if speedup == MACHINE_SPEEDUP else ''}"
+    than = f"{saved:.2g} s at {at}, {'more' if saved >= VMAP_COMPILE_S else 'less'} " \
            f"than its {VMAP_COMPILE_S:g} s compile"  # fmt: skip
     if saved < VMAP_COMPILE_S:
         return Choice(1, _one(f"{facts}; a vmap would save about {than}"))
@@ -131,12 +142,15 @@ def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
     return Choice(width, f"auto: {named} ({facts}; a vmap saves about {than})")
 
 
-def expected_speedup(flops: float, per_device: int, old_jax: bool) -> float | None:
-    """How much faster a vmap is expected to sample than ``1`` (``None``: not faster)."""
+def expected_speedup(
+    flops: float, per_device: int, old_jax: bool, machine: bool = False
+) -> float | None:
+    """How much faster a vmap is expected to sample than ``1`` (``None``: not faster);
+    ``machine``: the kernel runs as NUTS's state machine when vmapped."""
     if flops >= MATRIX_FLOPS:
         return MATRIX_SPEEDUP
     if old_jax and per_device >= SMALL_MODEL_WIDTH:
-        return SMALL_MODEL_SPEEDUP
+        return MACHINE_SPEEDUP if machine else SMALL_MODEL_SPEEDUP
     return None
 
 
