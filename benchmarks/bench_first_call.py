@@ -16,6 +16,7 @@ methods interleaved within each repetition:
   cell run twice (a new kernel object each time): the second call's ``compile_time``.
 
     python benchmarks/bench_first_call.py [--reps 5] [--quick] [--json out]
+    python benchmarks/bench_first_call.py --breakdown  # where the compile goes
 """
 
 from __future__ import annotations
@@ -131,6 +132,27 @@ print(json.dumps({"compile_time": times[1], "first_compile_time": times[0]}))
 """
 )
 
+BREAKDOWN = (
+    PREAMBLE
+    + r"""
+import collections
+import chainrunner as cr
+if sys.argv[1] == "serial":  # the loop compiled after the initialisation, not alongside
+    import chainrunner.pipeline._loop as loop
+    loop.in_this_context = lambda fn: None
+durations = collections.defaultdict(list)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **_: durations[event.rsplit("/", 1)[-1]].append(seconds))
+trace = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=(J, sigma), model_kwargs={"y": y}),
+               jax.random.key(0), None, 1000, num_warmup=1000, num_chains=4, progress=False,
+               warn=False)
+big = lambda name: sorted(durations[name], reverse=True)[:2]  # the chunk's, then the init's
+print(json.dumps({"compile_time": trace.attrs["compile_time"], "trace": big("jaxpr_trace_duration"),
+                  "lower": big("jaxpr_to_mlir_module_duration"),
+                  "backend": big("backend_compile_duration")}))
+"""
+)
+
 METHODS = ("chainrunner, empty cache", "chainrunner, second process", "numpyro parallel",
            "numpyro vectorized", "hand-written floor", "notebook cell again")  # fmt: skip
 
@@ -188,12 +210,45 @@ def summarise(reps: list[dict[str, dict]]) -> dict:
     }  # fmt: skip
 
 
+def breakdown(reps: int) -> dict:
+    """Where a first call's compile goes: tracing, lowering and XLA's compile of the chunk
+    and init programs (``jax.monitoring``'s durations, the two longest of each), with the
+    loop compiled alongside the initialisation (the default) and after it; interleaved
+    fresh processes, cache off. Medians."""
+    rows: dict[str, list[dict]] = {"alongside": [], "serial": []}
+    for _ in range(reps):
+        for mode in rows:
+            rows[mode].append(child(BREAKDOWN, mode))
+    out = {}
+    for mode, found in rows.items():
+        out[mode] = {"compile_time": float(np.median([r["compile_time"] for r in found]))}
+        for stage in ("trace", "lower", "backend"):
+            for i, program in enumerate(("chunk", "init")):
+                out[mode][f"{program} {stage}"] = float(np.median([r[stage][i] for r in found]))
+    print(json.dumps(out, indent=1))
+    print("\n| stage | " + " | ".join(rows) + " |\n|---|" + "---:|" * len(rows))
+    for name in out["alongside"]:
+        print(f"| {name} | " + " | ".join(f"{out[m][name]:.2f}" for m in rows) + " |")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one repetition")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="only where the first call's compile goes (see breakdown)",
+    )
     args = parser.parse_args()
+    if args.breakdown:
+        out = breakdown(1 if args.quick else args.reps)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     reps = []
     with tempfile.TemporaryDirectory() as folder:
         for i in range(1 if args.quick else args.reps):
