@@ -140,16 +140,23 @@ import chainrunner as cr
 if sys.argv[1] == "serial":  # the loop compiled after the initialisation, not alongside
     import chainrunner.pipeline._loop as loop
     loop.in_this_context = lambda fn: None
-durations = collections.defaultdict(list)
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **_: durations[event.rsplit("/", 1)[-1]].append(seconds))
+durations = collections.defaultdict(float)  # (stage, program) -> seconds
+STAGES = {"jaxpr_trace_duration": "trace", "jaxpr_to_mlir_module_duration": "lower",
+          "backend_compile_duration": "backend"}
+PROGRAMS = {"init_chains": "init", "sample_chunk": "chunk"}  # the programs' function names
+
+
+def listen(event, seconds, fun_name="", **_):
+    stage, name = STAGES.get(event.rsplit("/", 1)[-1]), fun_name.removeprefix("jit(")
+    if stage and name.rstrip(")") in PROGRAMS:
+        durations[f"{PROGRAMS[name.rstrip(')')]} {stage}"] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(listen)
 trace = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=(J, sigma), model_kwargs={"y": y}),
                jax.random.key(0), None, 1000, num_warmup=1000, num_chains=4, progress=False,
                warn=False)
-big = lambda name: sorted(durations[name], reverse=True)[:2]  # the chunk's, then the init's
-print(json.dumps({"compile_time": trace.attrs["compile_time"], "trace": big("jaxpr_trace_duration"),
-                  "lower": big("jaxpr_to_mlir_module_duration"),
-                  "backend": big("backend_compile_duration")}))
+print(json.dumps({"compile_time": trace.attrs["compile_time"], **durations}))
 """
 )
 
@@ -213,18 +220,17 @@ def summarise(reps: list[dict[str, dict]]) -> dict:
 def breakdown(reps: int) -> dict:
     """Where a first call's compile goes: tracing, lowering and XLA's compile of the chunk
     and init programs (``jax.monitoring``'s durations, the two longest of each), with the
-    loop compiled alongside the initialisation (the default) and after it; interleaved
-    fresh processes, cache off. Medians."""
+    loop compiled alongside the initialisation (the default) and after it; fresh
+    processes, cache off, the two modes in alternating order. Medians."""
     rows: dict[str, list[dict]] = {"alongside": [], "serial": []}
-    for _ in range(reps):
-        for mode in rows:
+    for i in range(reps):
+        for mode in list(rows)[:: 1 if i % 2 == 0 else -1]:
             rows[mode].append(child(BREAKDOWN, mode))
     out = {}
     for mode, found in rows.items():
-        out[mode] = {"compile_time": float(np.median([r["compile_time"] for r in found]))}
-        for stage in ("trace", "lower", "backend"):
-            for i, program in enumerate(("chunk", "init")):
-                out[mode][f"{program} {stage}"] = float(np.median([r[stage][i] for r in found]))
+        names = ["compile_time"] + [f"{p} {s}" for s in ("backend", "trace", "lower")
+                                    for p in ("chunk", "init")]  # fmt: skip
+        out[mode] = {n: float(np.median([r.get(n, 0.0) for r in found])) for n in names}
     print(json.dumps(out, indent=1))
     print("\n| stage | " + " | ".join(rows) + " |\n|---|" + "---:|" * len(rows))
     for name in out["alongside"]:

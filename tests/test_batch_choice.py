@@ -100,9 +100,9 @@ def test_the_rule_on_its_facts(monkeypatch):
     flops = {"value": 1e6}
     monkeypatch.setattr(_choose, "step_flops", lambda start: flops["value"])
 
-    def choose(num_samples, chains=64, devices=2, warmup=0, machine=None):
+    def choose(num_samples, chains=64, devices=2, warmup=0, machine=None, thinning=1):
         plan = types.SimpleNamespace(batch_size="auto", num_warmup=warmup,
-                                     num_samples=num_samples)  # fmt: skip
+                                     num_samples=num_samples, thinning=thinning)  # fmt: skip
         kernel = types.SimpleNamespace(ensemble=None, machine=machine)
         start = types.SimpleNamespace(num_chains=chains, kernel=kernel, previous_batch_size=None,
                                       cross_chain=False)  # fmt: skip
@@ -126,7 +126,9 @@ def test_the_rule_on_its_facts(monkeypatch):
     assert choose(11000).batch_size == 1
     as_machine = choose(11000, machine=lambda extract, length: None)
     assert as_machine.batch_size is None and "1.6x (NUTS as the state machine)" in as_machine.reason
-    monkeypatch.setattr(_choose, "_old_jax", lambda: False)  # jax 0.12: 1 (the machine 0.45-0.7x)
+    # with thinning a vmap runs the plain loop (chunk_loop): priced as one
+    assert choose(11000, machine=lambda extract, length: None, thinning=2).batch_size == 1
+    monkeypatch.setattr(_choose, "_old_jax", lambda: False)  # jax 0.12: 1 (the machine 0.37-0.71x)
     assert choose(11000, machine=lambda extract, length: None).batch_size == 1
     monkeypatch.setattr(_choose, "_old_jax", lambda: True)
     flops["value"] = None

@@ -22,7 +22,7 @@ The rule (``docs/batch-size.md`` has the measurements behind each constant):
   matrix-matrix ones), or, on jax older than 0.11, where a device holds
   ``SMALL_MODEL_WIDTH`` chains or more (per-op overhead amortised; priced higher,
   ``MACHINE_SPEEDUP``, where blackjax's NUTS runs as the state machine; on jax 0.12 a
-  vmap of a small model measured 0.3-0.4x the speed of ``1``, the machine 0.45-0.7x).
+  vmap of a small model measured 0.3-0.4x the speed of ``1``, the machine 0.37-0.71x).
   Matrix work takes vmaps of ``WIDEST`` chains where a device holds more; a small model
   one vmap of all.
 
@@ -125,13 +125,15 @@ def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
         f"{steps} steps x {per_device} chains per device, {flops:.3g} flops a step: about "
         f"{seconds:.3g} s with 1 at the rule's rates"
     )
-    machine = getattr(start.kernel, "machine", None) is not None
+    # the machine runs where a vmap runs the chunk without thinning (``chunk_loop``)
+    machine = start.kernel.machine is not None and plan.thinning == 1
     speedup = expected_speedup(flops, per_device, old, machine)
     if speedup is None:
         why = "" if old else f", under {MATRIX_FLOPS:.0e} flops on jax >= 0.11"
         return Choice(1, _one(f"{facts}; a vmap is not faster{why}"))
     saved = seconds * (1 - 1 / speedup)
-    at = f"{speedup:g}x{' (NUTS as the state machine)' if speedup == MACHINE_SPEEDUP else ''}"
+    as_machine = machine and flops < MATRIX_FLOPS
+    at = f"{speedup:g}x{' (NUTS as the state machine)' if as_machine else ''}"
     than = f"{saved:.2g} s at {at}, {'more' if saved >= VMAP_COMPILE_S else 'less'} " \
            f"than its {VMAP_COMPILE_S:g} s compile"  # fmt: skip
     if saved < VMAP_COMPILE_S:

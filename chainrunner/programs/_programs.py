@@ -247,7 +247,7 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
     if kernel.ensemble is not None:
         return _ensemble.init_program(kernel, mesh, batch_size, n, trace_counts)
 
-    def body(position, chain, tries, rng_key, params):
+    def init_chains(position, chain, tries, rng_key, params):  # (the name JAX's logs give)
         trace_counts["init"] += 1
         k = kernel.bind(params)  # params are replicated, closed over (not mapped)
 
@@ -260,7 +260,7 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
 
         return _mesh.local_map(one, batch_size)((position, chain, tries))
 
-    return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=2)
+    return _mesh.shard_chains(init_chains, mesh, num_chained=3, num_replicated=2)
 
 
 def chunk_program(
@@ -279,7 +279,7 @@ def chunk_program(
             functools.partial(_kept_extract, kernel, keep), trace_counts,
         )  # fmt: skip
 
-    def body(state, chain, rng_key, start, n_valid, params):
+    def sample_chunk(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
         loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning, draw)
 
@@ -289,4 +289,4 @@ def chunk_program(
 
         return _mesh.local_map(one_chain, batch_size)((state, chain))
 
-    return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=4)
+    return _mesh.shard_chains(sample_chunk, mesh, num_chained=2, num_replicated=4)
