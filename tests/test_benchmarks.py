@@ -100,3 +100,13 @@ def test_pooled_bench_counts_draws_until_converged():
     assert bench_pooled.draws_needed(stuck) is None
     slow = np.cumsum(rng.standard_normal((64, 300, 1)), axis=1)  # a random walk
     assert bench_pooled.draws_needed(slow) is None
+
+
+def test_numpyro_machine_table_has_a_row_per_way():
+    import bench_numpyro_machine as nm
+
+    way = {"sampling_s": 2.0, "steps_per_draw": 9.04, "ess_mu_per_s": 1234.4, "mean_mu": 4.41,
+           "speed_vs_numpyro_vmap": 1.5}  # fmt: skip
+    text = nm.table([{"width": 32, **{w: way for w in nm.WAYS}}])
+    assert text.count("\n") == 1 + len(nm.WAYS)
+    assert "| 32 | window, machine | 2.00 | 1.50 | 9.0 | 1234 | 4.41 |" in text
