@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # Eight schools (Rubin 1981), as in posteriordb's `eight_schools` data.
 Y = (28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0)
@@ -43,7 +43,22 @@ def eight_schools_logdensity(position):
 def _batch_size(text: str) -> int | str | None:
     if text in ("auto", "all"):
         return None if text == "all" else text
-    return int(text)
+    return _at_least(1)(text)
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least ``low`` (else argparse's usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,8 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m chainrunner",
         description="Eight schools, blackjax NUTS, many chains over simulated CPU devices.",
     )
-    parser.add_argument("--chains", type=int, default=32, help="number of chains (default 32)")
-    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
+    parser.add_argument(
+        "--chains", type=_at_least(1), default=32, help="number of chains (default 32)"
+    )
+    parser.add_argument(
+        "--devices", type=_at_least(1), default=8, help="simulated CPU devices (default 8)"
+    )
     parser.add_argument(
         "--batch-size",
         type=_batch_size,
@@ -60,12 +79,14 @@ def _parser() -> argparse.ArgumentParser:
         help="chains advanced together on a device: an int, 'all' (one vmap) or 'auto' "
         "(the default: decided from the call on CPU, see docs/batch-size.md)",
     )
-    parser.add_argument("--samples", type=int, default=1000, help="draws per chain")
-    parser.add_argument("--warmup", type=int, default=500, help="burn-in steps per chain")
+    parser.add_argument("--samples", type=_at_least(1), default=1000, help="draws per chain")
+    parser.add_argument("--warmup", type=_at_least(0), default=500, help="burn-in steps per chain")
     parser.add_argument("--step-size", type=float, default=0.4, help="NUTS step size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--quiet", action="store_true", help="print the layout line only")
+    parser.add_argument(
+        "--quiet", action="store_true", help="print the layout line only (no progress bar)"
+    )
     return parser
 
 
@@ -109,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         num_warmup=args.warmup,
         mesh=mesh,
         batch_size=args.batch_size,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
     )
     a = trace.attrs
     print(f"layout: {a['layout']}")

@@ -108,3 +108,11 @@ def test_request_cpu_devices_fails_loudly_once_up():
     cr.request_cpu_devices(8)  # the count already in force: fine
     with pytest.raises(RuntimeError, match="already initialised with 8"):
         cr.request_cpu_devices(4)
+
+
+def test_keyword_arguments_map_like_vmap():
+    x, b = jnp.arange(12.0).reshape(4, 3), jnp.arange(4.0)
+    fn = lambda a, b=1.0: a.sum() * b  # noqa: E731
+    out = cr.chain_map(fn, mesh=cr.chain_mesh(2))(x, b=b)
+    np.testing.assert_allclose(out, jax.vmap(fn)(x, b=b))
+    np.testing.assert_allclose(cr.chain_map(fn, mesh=cr.chain_mesh(2))(x), jax.vmap(fn)(x))

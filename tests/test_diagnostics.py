@@ -332,3 +332,12 @@ def test_rhat_and_ess_are_arvizs():
             want = float(worst(np.asarray(ds[name].values, float)))
             np.testing.assert_allclose(getattr(d, field)[name], want, rtol=1e-9)
     assert np.isnan(d.rhat["c"])
+
+
+def test_an_ess_just_under_the_threshold_never_reads_as_the_threshold():
+    from chainrunner.output._diagnostics import _messages
+
+    (message,) = _messages(
+        {"R-hat > 1.01": {"x": 1.0}}, {"x": 799.6}, {"x": 900.0}, 800.0, None, [], {}
+    )
+    assert "ESS below 800 (100 per chain) for x (799)" in message

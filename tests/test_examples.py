@@ -31,3 +31,14 @@ def test_demo_runs_with_flags():
     assert "layout: 12 chains on 4 device(s), 4 per device, batch_size=2 (4 padded)" in stdout
     assert "compile:" in stdout and "sampling:" in stdout
     assert "theta_trans[H]" in stdout and "r_hat" in stdout
+
+
+def test_demo_quiet_prints_the_layout_only_and_bad_counts_are_usage_errors():
+    stdout = run("-m", "chainrunner", "--chains", "4", "--devices", "2", "--samples", "20",
+                 "--warmup", "0", "--quiet")  # fmt: skip
+    assert stdout.strip() == "layout: 4 chains on 2 device(s), 2 per device, batch_size=1"
+    for flag in ("--chains", "--devices", "--samples", "--batch-size"):
+        done = subprocess.run([sys.executable, "-m", "chainrunner", flag, "0"],
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 2, (flag, done.stderr[-500:])
+        assert f"argument {flag}: expected an integer >= 1, got 0" in done.stderr

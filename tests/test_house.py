@@ -151,7 +151,7 @@ def test_keep_names_are_checked_before_anything_compiles():
     before = dict(_programs.trace_counts)
     with pytest.raises(ValueError, match=r"keep names \['b'\]"):
         cr.run(nuts, jax.random.key(0), {"a": jnp.zeros((3, 2))}, 10, keep="b", **KW)
-    with pytest.raises(ValueError, match="not a dict of sites"):
+    with pytest.raises(ValueError, match="draws are an array, not a dict of sites"):
         cr.run(NUTS, jax.random.key(0), X0, 10, keep="b", **KW)
     assert _programs.trace_counts == before
 

@@ -162,3 +162,13 @@ def test_arviz_groups_are_numpyros():
     np.testing.assert_array_equal(np.asarray(idata["observed_data"]["y"]), y)
     assert idata["log_likelihood"]["y"].shape == (2, 100, 7)
     assert "obs" in idata["log_likelihood"]["y"].dims
+
+
+@pytest.mark.parametrize("adaptation", [None, "window"])
+def test_a_start_of_the_wrong_shape_is_named(adaptation):
+    kernel = cr.from_numpyro(
+        NUTS(model), model_args=(SCALES,), **({"adaptation": adaptation} if adaptation else {})
+    )
+    start = {"x": jnp.zeros((2, 4))}  # 2 chains of 4 values; the site has 3
+    with pytest.raises(ValueError, match=r"initial_position\['x'\] has shape \(4,\) per chain"):
+        cr.run(kernel, jax.random.key(0), start, 5, num_warmup=5, progress=False)

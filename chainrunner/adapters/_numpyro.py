@@ -224,6 +224,13 @@ def check_sites(model: Any, position: Mapping, args: tuple, kwargs: dict) -> Non
             f"run: initial_position has site(s) {unknown}{detail} that are not latent sample "
             f"sites of the model; its latent sites are {latent}."
         )
+    for name in position:
+        want, got = np.shape(tr[name]["value"]), np.shape(position[name])
+        if name in latent and got != want:
+            raise ValueError(
+                f"run: initial_position[{name!r}] has shape {got} per chain (after the "
+                f"leading chain axis), but the model's site {name!r} has shape {want}."
+            )
 
 
 def _init_state(nk: Any, model: Any, rng_key, num_warmup: int, position, args, kwargs) -> Any:

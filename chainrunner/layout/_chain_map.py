@@ -18,7 +18,8 @@ def chain_map(
 ) -> Callable[..., Any]:
     """Maps ``fn`` over a leading chain axis, spread over the devices of a mesh.
 
-    ``chain_map(fn)(*args)`` has the values of ``jax.vmap(fn)(*args)``. It runs
+    ``chain_map(fn)(*args, **kwargs)`` has the values of ``jax.vmap(fn)(*args, **kwargs)``
+    (keyword arguments are mapped over their leading axis too). It runs
     ``fn`` under ``jax.jit`` + ``jax.shard_map`` over the mesh's ``'chain'`` axis;
     inside each device ``batch_size=None`` vmaps over all local chains, and an
     integer loops over batches of that many (``lax.map``), which bounds memory and
@@ -59,20 +60,31 @@ def chain_map(
     compiled: dict[tuple, Callable] = {}
 
     @functools.wraps(fn)
-    def mapped(*args):
-        n = leading_size(args, "args", "chain_map")
+    def mapped(*args, **kwargs):
+        names = tuple(sorted(kwargs))  # keyword arguments are mapped too, as by jax.vmap
+        flat = (*args, *(kwargs[k] for k in names))
+        n = leading_size(flat, "args", "chain_map")
         m = mesh if mesh is not None else _default_mesh(n)
         _distributed.check_mesh_spans_processes(m, "chain_map")
         layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m, n)[0])
-        key = (m, len(args), layout.batch_size)
+        key = (m, len(args), names, layout.batch_size)
         if key not in compiled:
-            local = _mesh.local_map(lambda a: fn(*a), layout.batch_size)
-            compiled[key] = _mesh.shard_chains(lambda *a: local(a), m, len(args))
-        placed = _mesh.place(_mesh.pad(args, n, layout.padded), m)
+            local = _mesh.local_map(_positional(fn, len(args), names), layout.batch_size)
+            compiled[key] = _mesh.shard_chains(lambda *a: local(a), m, len(flat))
+        placed = _mesh.place(_mesh.pad(flat, n, layout.padded), m)
         out = compiled[key](*placed)
         return _mesh.unpad(out, n, layout.padded, m)
 
     return mapped
+
+
+def _positional(fn: Callable[..., Any], num_args: int, names: tuple) -> Callable[[tuple], Any]:
+    """``fn`` of one tuple: ``num_args`` positional arguments, then ``names``' values."""
+
+    def call(flat: tuple) -> Any:
+        return fn(*flat[:num_args], **dict(zip(names, flat[num_args:], strict=True)))
+
+    return call
 
 
 def _default_mesh(num_chains: int) -> Mesh:

@@ -11,6 +11,7 @@ and importing it costs a first call about 2 s. Diagnostics never import ArviZ.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import warnings
@@ -252,8 +253,9 @@ def _messages(
             f"{what} for {_names(high)}: the chains disagree; run longer, or "
             "look for several modes."
         )
+    # floored: an ESS of 799.6 under a threshold of 800 reads 799, not 800
     low = {
-        n: min(ess_bulk[n], ess_tail[n])
+        n: math.floor(min(ess_bulk[n], ess_tail[n]))
         for n in ess_bulk
         if ess_bulk[n] < threshold or ess_tail[n] < threshold
     }

@@ -179,9 +179,10 @@ def apply_keep(kernel: Kernel, keep: Any) -> Kernel:
         def kept(state, info):
             draws, stats = extract(state, info)
             if not isinstance(draws, dict):
+                what = "an array" if hasattr(draws, "shape") else f"a {type(draws).__name__}"
                 raise ValueError(
-                    f"run: keep={list(keep)} names draws, but this kernel's draws are a "
-                    f"{type(draws).__name__}, not a dict of sites."
+                    f"run: keep={list(keep)} names draws, but this kernel's draws are "
+                    f"{what}, not a dict of sites."
                 )
             missing = [k for k in keep if k not in draws]
             if missing:
