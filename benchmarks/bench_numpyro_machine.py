@@ -4,16 +4,18 @@ numpyro's own NUTS kernel (``cr.from_numpyro(NUTS(model), ...)``) is not a state
 in a ``vmap`` every chain waits, at every draw, for the batch's longest trajectory. The
 same model with ``adaptation="window"`` is sampled by blackjax's NUTS with Stan's window
 adaptation on the model's potential, and that runs as the machine (``docs/batches.md``).
-This script times, for the non-centred eight schools as numpyro's docs write it, 1000
-warmup + 1000 draws on 2 CPU devices, in one process with the ways interleaved:
+This script times, for the non-centred eight schools (a numpyro model with a plate and
+numpy data), 1000 warmup + 1000 draws on 2 CPU devices, in one process with the ways
+interleaved:
 
 - ``numpyro NUTS, vmap``: ``cr.run(cr.from_numpyro(NUTS(model), ...), batch_size=None)``;
 - ``numpyro NUTS, 1``: the same kernel, ``batch_size=1`` (chains one after another);
 - ``window, machine``: ``cr.from_numpyro(NUTS(model), ..., adaptation="window")``,
   ``batch_size=None`` (the machine).
 
-Each: ``sampling_time`` (compile excluded), leapfrog steps per draw, the bulk ESS of ``mu``
-per second and the posterior mean of ``mu`` (4.4 for this model). Medians over ``--reps``.
+Each: ``sampling_time`` (compile excluded; the warmup's and the draws' steps, one loop),
+leapfrog steps per draw, the bulk ESS of ``mu`` per second of it and the posterior mean of
+``mu`` (4.4 for this model). Medians over ``--reps``.
 
     python benchmarks/bench_numpyro_machine.py [--widths 8,32] [--reps 3] [--json out]
 """
@@ -87,7 +89,10 @@ def measure(width: int, reps: int) -> dict:
     base = med[WAYS[0]]["sampling_s"]
     for way in WAYS:
         med[way]["speed_vs_numpyro_vmap"] = base / med[way]["sampling_s"]
-    return {"width": width, "devices": jax.device_count(), "jax": jax.__version__, **med}
+    versions = {"jax": jax.__version__, "numpyro": numpyro.__version__,
+                "blackjax": __import__("blackjax").__version__}  # fmt: skip
+    return {"width": width, "devices": jax.device_count(), "reps": reps, "warmup": 1000,
+            "draws": 1000, "cores": os.cpu_count(), **versions, **med}  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 
 # Eight schools (Rubin 1981), as in posteriordb's `eight_schools` data.
@@ -43,7 +44,21 @@ def eight_schools_logdensity(position):
 def _batch_size(text: str) -> int | str | None:
     if text in ("auto", "all"):
         return None if text == "all" else text
-    return _at_least(1)(text)
+    try:
+        return _at_least(1)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}, 'auto' or 'all'") from None
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite float above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
+    return value
 
 
 def _at_least(low: int) -> Callable[[str], int]:
@@ -81,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--samples", type=_at_least(1), default=1000, help="draws per chain")
     parser.add_argument("--warmup", type=_at_least(0), default=500, help="burn-in steps per chain")
-    parser.add_argument("--step-size", type=float, default=0.4, help="NUTS step size")
+    parser.add_argument("--step-size", type=_positive, default=0.4, help="NUTS step size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument(

@@ -111,8 +111,11 @@ def test_request_cpu_devices_fails_loudly_once_up():
 
 
 def test_keyword_arguments_map_like_vmap():
-    x, b = jnp.arange(12.0).reshape(4, 3), jnp.arange(4.0)
+    x, b = jnp.arange(9.0).reshape(3, 3), jnp.arange(3.0)
     fn = lambda a, b=1.0: a.sum() * b  # noqa: E731
-    out = cr.chain_map(fn, mesh=cr.chain_mesh(2))(x, b=b)
-    np.testing.assert_allclose(out, jax.vmap(fn)(x, b=b))
-    np.testing.assert_allclose(cr.chain_map(fn, mesh=cr.chain_mesh(2))(x), jax.vmap(fn)(x))
+    g = cr.chain_map(fn, mesh=cr.chain_mesh(2))  # 3 chains on 2 devices: padded
+    np.testing.assert_allclose(g(x, b=b), jax.vmap(fn)(x, b=b))
+    np.testing.assert_allclose(g(x), jax.vmap(fn)(x))  # the same object, no keyword
+    np.testing.assert_allclose(g(x, b=2 * b), jax.vmap(fn)(x, b=2 * b))
+    with pytest.raises(ValueError, match=r"leaf \['kwargs'\]\['b'\] is a scalar"):
+        g(x, b=1.0)

@@ -341,3 +341,18 @@ def test_an_ess_just_under_the_threshold_never_reads_as_the_threshold():
         {"R-hat > 1.01": {"x": 1.0}}, {"x": 799.6}, {"x": 900.0}, 800.0, None, [], {}
     )
     assert "ESS below 800 (100 per chain) for x (799)" in message
+
+
+def test_an_rhat_just_over_its_limit_never_reads_as_the_limit():
+    from chainrunner.output._diagnostics import _messages
+    from chainrunner.stopping._until import Converged, Status
+
+    (message,) = _messages(
+        {"R-hat > 1.01": {"x": 1.0104}}, {"x": 900.0}, {"x": 900.0}, 800.0, None, [], {}
+    )
+    assert "R-hat > 1.01 for x (1.011)" in message
+    status = Status(draws=200, rhat=1.0104, ess_bulk=799.6, ess_tail=900.0, nested_rhat=None,
+                    met=False)  # fmt: skip
+    assert status.postfix(Converged(rhat=1.01, ess_bulk=800, ess_tail=800)) == {
+        "rhat": "1.011/1.01", "ess": "799/800",
+    }  # fmt: skip

@@ -33,12 +33,33 @@ def test_demo_runs_with_flags():
     assert "theta_trans[H]" in stdout and "r_hat" in stdout
 
 
-def test_demo_quiet_prints_the_layout_only_and_bad_counts_are_usage_errors():
-    stdout = run("-m", "chainrunner", "--chains", "4", "--devices", "2", "--samples", "20",
-                 "--warmup", "0", "--quiet")  # fmt: skip
-    assert stdout.strip() == "layout: 4 chains on 2 device(s), 2 per device, batch_size=1"
-    for flag in ("--chains", "--devices", "--samples", "--batch-size"):
-        done = subprocess.run([sys.executable, "-m", "chainrunner", flag, "0"],
+def test_demo_quiet_draws_no_bar(monkeypatch, capsys):
+    import types
+
+    import chainrunner.pipeline._run as run_stage
+    from chainrunner import _demo
+
+    calls = []
+
+    def fake_run(*args, **kwargs):
+        calls.append(kwargs)
+        return types.SimpleNamespace(attrs={"layout": "L"})
+
+    monkeypatch.setattr(run_stage, "run", fake_run)
+    _demo.main(["--chains", "2", "--devices", "1", "--quiet"])
+    assert calls[0]["progress"] is False
+    assert capsys.readouterr().out == "layout: L\n"
+
+
+def test_demo_bad_counts_are_usage_errors():
+    for flag, value, says in (
+        ("--chains", "0", "expected an integer >= 1, got 0"),
+        ("--devices", "0", "expected an integer >= 1, got 0"),
+        ("--samples", "0", "expected an integer >= 1, got 0"),
+        ("--batch-size", "0", "expected an integer >= 1, got 0, 'auto' or 'all'"),
+        ("--step-size", "-1", "expected a finite number > 0, got -1.0"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "chainrunner", flag, value],
                               capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 2, (flag, done.stderr[-500:])
-        assert f"argument {flag}: expected an integer >= 1, got 0" in done.stderr
+        assert f"argument {flag}: {says}" in done.stderr, done.stderr[-500:]

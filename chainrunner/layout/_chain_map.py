@@ -63,7 +63,13 @@ def chain_map(
     def mapped(*args, **kwargs):
         names = tuple(sorted(kwargs))  # keyword arguments are mapped too, as by jax.vmap
         flat = (*args, *(kwargs[k] for k in names))
-        n = leading_size(flat, "args", "chain_map")
+        # errors name a keyword argument by its name (mapped like jax.vmap's: a value to
+        # broadcast goes in with functools.partial)
+        n = (
+            leading_size(args, "args", "chain_map")
+            if not kwargs
+            else leading_size({"args": args, "kwargs": kwargs}, "", "chain_map")
+        )
         m = mesh if mesh is not None else _default_mesh(n)
         _distributed.check_mesh_spans_processes(m, "chain_map")
         layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m, n)[0])

@@ -240,6 +240,15 @@ def _names(values: dict[str, float], limit: int = 4, fmt: str = "{:.3g}") -> str
     return text + (f", ... ({len(items)} variables)" if len(items) > limit else "")
 
 
+def _round(value: float, how: Any, digits: int = 3) -> float:
+    """``value`` rounded by ``how`` (``math.floor``/``math.ceil``) to ``digits`` decimals;
+    a value that is not finite as it is."""
+    if not math.isfinite(value):
+        return value
+    scale = 10**digits
+    return how(value * scale) / scale
+
+
 def _messages(
     flagged: dict, ess_bulk: dict, ess_tail: dict, threshold: float, divergences: Any,
     stuck: list, nonfinite: dict,
@@ -247,15 +256,16 @@ def _messages(
     """One sentence per problem found; ``flagged``: ``{"R-hat > 1.01": {name: value}}``."""
     messages: list[str] = []
     ((what, rhat),) = flagged.items()
-    high = {n: v for n, v in rhat.items() if v > RHAT_MAX}
+    # rounded up: an R-hat of 1.0104 over 1.01 reads 1.011, not 1.01
+    high = {n: _round(v, math.ceil) for n, v in rhat.items() if v > RHAT_MAX}
     if high:
         messages.append(
-            f"{what} for {_names(high)}: the chains disagree; run longer, or "
+            f"{what} for {_names(high, fmt='{:.3f}')}: the chains disagree; run longer, or "
             "look for several modes."
         )
     # floored: an ESS of 799.6 under a threshold of 800 reads 799, not 800
     low = {
-        n: math.floor(min(ess_bulk[n], ess_tail[n]))
+        n: _round(float(np.fmin(ess_bulk[n], ess_tail[n])), math.floor, 0)
         for n in ess_bulk
         if ess_bulk[n] < threshold or ess_tail[n] < threshold
     }
