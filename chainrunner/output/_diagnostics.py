@@ -260,7 +260,7 @@ def _messages(
     high = {n: _round(v, math.ceil) for n, v in rhat.items() if v > RHAT_MAX}
     if high:
         messages.append(
-            f"{what} for {_names(high, fmt='{:.3f}')}: the chains disagree; run longer, or "
+            f"{what} for {_names(high, fmt='{:.4g}')}: the chains disagree; run longer, or "
             "look for several modes."
         )
     # floored: an ESS of 799.6 under a threshold of 800 reads 799, not 800
