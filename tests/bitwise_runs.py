@@ -13,8 +13,9 @@ runs differ in the last bits; so a machine's own fixture, ``bitwise-jax<version>
 class>.npz``, is compared bit for bit where there is one, and otherwise the first one
 within float32 rounding. (On a CPU without AVX-512, AMD family 25 model 1, jax 0.12's
 last bits differ in four runs and grow until the window warmup's chains part
-altogether: that class has fixtures of its own.) Record a fixture for a new jax version (numerics may
-legitimately differ between jax releases) or CPU class with, on 8 simulated CPU devices::
+altogether: that class has fixtures of its own.) Record a fixture for a new jax version
+(numerics may legitimately differ between jax releases) or CPU class with, on 8 simulated
+CPU devices::
 
     JAX_NUM_CPU_DEVICES=8 python tests/bitwise_runs.py --write
 
