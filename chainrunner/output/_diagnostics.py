@@ -333,7 +333,7 @@ def diagnose(trace: Trace) -> Diagnostics:
         >>> d.ok, d.divergences.tolist()
         (False, [0, 0, 3, 0])
         >>> print(d.messages[0])  # doctest: +ELLIPSIS
-        R-hat > 1.01 for x (1.57): the chains disagree; ...
+        R-hat > 1.01 for x (1.575): the chains disagree; ...
     """
     draws = {k: np.asarray(v) for k, v in _float_leaves(trace).items()}
     stats = {k: np.asarray(v) for k, v in (trace.stats or {}).items()}
