@@ -11,7 +11,6 @@ and importing it costs a first call about 2 s. Diagnostics never import ArviZ.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import warnings
@@ -21,6 +20,7 @@ import numpy as np
 
 from ..core._naming import flat_dict
 from ..core._threads import Background
+from ..stopping._until import ess_shown, rhat_shown
 
 if TYPE_CHECKING:
     from ._trace import Trace
@@ -240,15 +240,6 @@ def _names(values: dict[str, float], limit: int = 4, fmt: str = "{:.3g}") -> str
     return text + (f", ... ({len(items)} variables)" if len(items) > limit else "")
 
 
-def _round(value: float, how: Any, digits: int = 3) -> float:
-    """``value`` rounded by ``how`` (``math.floor``/``math.ceil``) to ``digits`` decimals;
-    a value that is not finite as it is."""
-    if not math.isfinite(value):
-        return value
-    scale = 10**digits
-    return how(value * scale) / scale
-
-
 def _messages(
     flagged: dict, ess_bulk: dict, ess_tail: dict, threshold: float, divergences: Any,
     stuck: list, nonfinite: dict,
@@ -257,7 +248,7 @@ def _messages(
     messages: list[str] = []
     ((what, rhat),) = flagged.items()
     # rounded up: an R-hat of 1.0104 over 1.01 reads 1.011, not 1.01
-    high = {n: _round(v, math.ceil) for n, v in rhat.items() if v > RHAT_MAX}
+    high = {n: rhat_shown(v) for n, v in rhat.items() if v > RHAT_MAX}
     if high:
         messages.append(
             f"{what} for {_names(high, fmt='{:.4g}')}: the chains disagree; run longer, or "
@@ -265,7 +256,7 @@ def _messages(
         )
     # floored: an ESS of 799.6 under a threshold of 800 reads 799, not 800
     low = {
-        n: _round(float(np.fmin(ess_bulk[n], ess_tail[n])), math.floor, 0)
+        n: ess_shown(float(np.fmin(ess_bulk[n], ess_tail[n])))
         for n in ess_bulk
         if ess_bulk[n] < threshold or ess_tail[n] < threshold
     }

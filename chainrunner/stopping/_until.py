@@ -175,22 +175,34 @@ class Status(NamedTuple):
     def postfix(self, target: Converged) -> dict[str, str]:
         """For the progress bar: each diagnostic's worst value against its target."""
         out = {
-            "rhat": f"{_up(self.rhat):.3f}/{target.rhat}",
-            "ess": f"{_down(min(self.ess_bulk, self.ess_tail)):.0f}/"
+            "rhat": f"{rhat_shown(self.rhat):.3f}/{target.rhat}",
+            "ess": f"{ess_shown(min(self.ess_bulk, self.ess_tail)):.0f}/"
             f"{min(target.ess_bulk, target.ess_tail):.0f}",
         }
         if self.nested_rhat is not None:
-            out["nRhat"] = f"{_up(self.nested_rhat):.3f}/{target.nested_rhat}"
+            out["nRhat"] = f"{rhat_shown(self.nested_rhat):.3f}/{target.nested_rhat}"
         return out
 
 
-def _up(value: float) -> float:
-    """An R-hat for the bar, rounded up to 3 decimals (1.0104 reads 1.011 against 1.01)."""
+def rhat_shown(value: float) -> float:
+    """An R-hat as the bar and the warning show it: rounded up to 3 decimals (1.0104 reads
+    1.011 against 1.01); a value that is not finite as it is.
+
+    Examples:
+        >>> rhat_shown(1.0104)
+        1.011
+    """
     return math.ceil(value * 1000) / 1000 if math.isfinite(value) else value
 
 
-def _down(value: float) -> float:
-    """An ESS for the bar, rounded down (799.6 reads 799 against 800)."""
+def ess_shown(value: float) -> float:
+    """An ESS as the bar and the warning show it: rounded down (799.6 reads 799 against
+    800); a value that is not finite as it is.
+
+    Examples:
+        >>> ess_shown(799.6)
+        799
+    """
     return math.floor(value) if math.isfinite(value) else value
 
 
