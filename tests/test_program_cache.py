@@ -159,6 +159,17 @@ def test_an_installed_librarys_function_is_named_with_its_version():
     assert fingerprint(float("nan")).key != fingerprint(-float("nan")).key
 
 
+@pytest.mark.parametrize("top", ["jax", "numpyro", "numpy", "blackjax", "scipy", "dateutil"])
+def test_a_package_is_pinned_by_the_distributions_that_install_it(top):
+    """The shortcut by the package's own name names what ``packages_distributions`` (which
+    reads every distribution's file list) names: the keys of stored programs stay."""
+    from importlib import metadata
+
+    from chainrunner.core._fingerprint import _owners
+
+    assert _owners(top) == metadata.packages_distributions()[top]
+
+
 def _with_constant(x):
     return -0.5 * jnp.sum(x**2) + jnp.asarray(np.float64(0.1))  # float64 under x64
 
