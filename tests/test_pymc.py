@@ -289,6 +289,35 @@ def test_a_new_model_of_the_same_model_compiles_nothing():
     assert cr.from_pymc(other_prior) is not first
 
 
+def test_a_kernel_reused_after_set_data_is_an_error():
+    """The compiled program holds the data: a kernel run after ``pm.set_data`` would sample
+    the old data. It raises, naming the container, before anything compiles; the kernel
+    ``from_pymc`` gives for the new data runs; data set back make the old kernel good."""
+    from chainrunner.programs import _programs
+
+    model = eight_schools()
+    kernel = cr.from_pymc(model)
+    kw = {"num_warmup": 10, "num_chains": 2, "progress": False, "warn": False}
+    with model:
+        pm.set_data({"sigma": SIGMA * 2})
+    before = dict(_programs.trace_counts)
+    with pytest.raises(ValueError, match=r"data \['sigma'\] changed since cr.from_pymc"):
+        cr.run(kernel, jax.random.key(0), None, 10, **kw)
+    assert _programs.trace_counts == before
+    fresh = cr.from_pymc(model)
+    assert fresh is not kernel
+    assert cr.run(fresh, jax.random.key(0), None, 10, **kw).draws["mu"].shape == (2, 10)
+    with model:
+        pm.set_data({"sigma": SIGMA})
+    assert cr.run(kernel, jax.random.key(0), None, 10, **kw).draws["mu"].shape == (2, 10)
+    again = eight_schools()  # the cell run again: the same kernel, watched for both models
+    assert cr.from_pymc(again) is kernel
+    with again:
+        pm.set_data({"sigma": SIGMA * 3})
+    with pytest.raises(ValueError, match=r"pm\.set_data"):
+        cr.run(kernel, jax.random.key(0), None, 10, **kw)
+
+
 def conjugate():
     """p | k ~ Beta(2 + 7, 2 + 13); mu | y ~ Normal(sum(y) / (n + 1/100), ...) (exact)."""
     y = np.array([0.3, 1.9, 1.2, 0.4, 1.1, 0.7])

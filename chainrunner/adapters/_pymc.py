@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -373,6 +374,8 @@ class PymcModel(ModelAdapter):
         self._dims = {k: list(v) for k, v in dims.items()}
         self._observed = {k: np.asarray(v) for k, v in (find_observations(model) or {}).items()}
         self._constants = {k: np.asarray(v) for k, v in (find_constants(model) or {}).items()}
+        self._watched: list[tuple[Any, dict]] = []  # (weak reference to a model, its data)
+        self.watch(model)
 
     def __repr__(self) -> str:
         return f"PymcModel({self.model.name or 'model'!r}, {self.sampler!r})"
@@ -384,9 +387,38 @@ class PymcModel(ModelAdapter):
     )
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
-        """The sampler's kernel, starting from PyMC's initial points, with constrained draws."""
+        """The sampler's kernel, starting from PyMC's initial points, with constrained draws.
+
+        Raises:
+            ValueError: where the model's ``pm.Data`` changed since ``from_pymc``
+                (``pm.set_data``): the compiled program holds the data it was built with.
+        """
         _pymc()  # 64-bit types on (if they were turned off since from_pymc)
+        changed = self.changed_data()
+        if changed:
+            raise ValueError(
+                f"run: the PyMC model's data {changed} changed since cr.from_pymc (pm.set_data), "
+                "and this kernel holds the data it was built with. Call cr.from_pymc(model, "
+                "...) again after pm.set_data: it builds the kernel for the new data."
+            )
         return super().build_kernel(num_warmup=num_warmup, previous_params=previous_params)
+
+    def watch(self, model: Any) -> None:
+        """Remembers the data of ``model``, a model ``from_pymc`` gave this kernel for (the
+        same graphs and data as ``self.model``: a notebook cell run again)."""
+        self._watched = [(ref, data) for ref, data in self._watched if ref() is not None]
+        if not any(ref() is model for ref, _ in self._watched):
+            self._watched.append((weakref.ref(model), data_values(model)))
+
+    def changed_data(self) -> list[str]:
+        """The ``pm.Data`` containers changed since ``from_pymc`` in any model it gave this
+        kernel for (``pm.set_data``)."""
+        found = set()
+        for ref, data in self._watched:
+            model = ref()
+            if model is not None:
+                found.update(changed_data(data, data_values(model)))
+        return sorted(found)
 
     def log_likelihood(self, draws: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Pointwise log likelihood of the observed variables at each draw.
@@ -444,6 +476,27 @@ class PymcModel(ModelAdapter):
             "modeling_interface": "pymc",
             "modeling_interface_version": pymc.__version__,
         }
+
+
+def data_values(model: Any) -> dict[str, np.ndarray]:
+    """The values of the model's ``pm.Data`` containers (copies), by name."""
+    out = {}
+    for var in getattr(model, "data_vars", ()):
+        get = getattr(var, "get_value", None)
+        if get is not None:
+            out[str(var.name)] = np.array(get())
+    return out
+
+
+def changed_data(before: Mapping[str, np.ndarray], now: Mapping[str, np.ndarray]) -> list[str]:
+    """The names of the ``pm.Data`` containers whose values differ (or came or went)."""
+
+    def same(a: np.ndarray, b: np.ndarray) -> bool:
+        nan = a.dtype.kind in "fc"
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=nan)
+
+    names = sorted(set(before) | set(now))
+    return [k for k in names if k not in before or k not in now or not same(before[k], now[k])]
 
 
 def model_words(model: Any) -> tuple:
@@ -596,7 +649,8 @@ def from_pymc(
 
     Using PyMC's JAX conversion turns on ``jax_enable_x64``, as ``pm.sample``'s JAX
     samplers do (PyTensor does it for float64 models). The model's data are constants of
-    the compiled program: after ``pm.set_data``, call ``from_pymc`` again (it recompiles).
+    the compiled program: after ``pm.set_data``, call ``from_pymc`` again (it recompiles);
+    the kernel built before raises a ``ValueError`` in ``run`` rather than sample the old data.
 
     Args:
         model: a ``pm.Model`` with continuous free variables.
@@ -671,4 +725,6 @@ def from_pymc(
         adapter.identity = stable_digest(source)
         return adapter
 
-    return _ADAPTERS.get(source, build)
+    adapter = _ADAPTERS.get(source, build)
+    adapter.watch(model)
+    return adapter
