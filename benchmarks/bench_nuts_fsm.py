@@ -25,8 +25,8 @@ the same kernel vmapped without it, and with ``batch_size=1``; ``--adaptation fi
 ``fisher_low_rank``, its machine forced on) the same with Fisher's. ``--gpu`` runs the same
 on the first accelerator (widths 1,024 and 4,096 too; ``batch_size=1`` left out: chains
 one after another are a GPU's slowest way). On one H200 (``results/nuts_fsm-gpu.json``)
-the machine was 4.4-5.3x (eight schools) and 1.6-2.3x (50-d Gaussian) faster than the
-``vmap``, 128 to 16,384 chains.
+the machine was 4.4-5.3x (eight schools, 128 to 16,384 chains) and 1.6-2.2x (50-d
+Gaussian, 128 to 4,096) faster than the ``vmap``.
 
     python benchmarks/bench_nuts_fsm.py [--widths 8,32,128,1024] [--devices 2] [--gpu]
     python benchmarks/bench_nuts_fsm.py --adapted 1000 --draws 1000 --widths 8,32

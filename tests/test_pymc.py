@@ -307,6 +307,9 @@ def test_a_kernel_reused_after_set_data_is_an_error():
     fresh = cr.from_pymc(model)
     assert fresh is not kernel
     assert cr.run(fresh, jax.random.key(0), None, 10, **kw).draws["mu"].shape == (2, 10)
+    with model:  # a container added since (for predictions) is not in the program
+        pm.Data("x_new", np.zeros(3))
+    assert cr.run(fresh, jax.random.key(0), None, 10, **kw).draws["mu"].shape == (2, 10)
     with model:
         pm.set_data({"sigma": SIGMA})
     assert cr.run(kernel, jax.random.key(0), None, 10, **kw).draws["mu"].shape == (2, 10)
@@ -316,6 +319,11 @@ def test_a_kernel_reused_after_set_data_is_an_error():
         pm.set_data({"sigma": SIGMA * 3})
     with pytest.raises(ValueError, match=r"pm\.set_data"):
         cr.run(kernel, jax.random.key(0), None, 10, **kw)
+    resized = eight_schools()
+    resized_kernel = cr.from_pymc(resized)
+    resized.set_dim("school", 9, coord_values=[*SCHOOLS, "j"])  # new shapes, same data
+    with pytest.raises(ValueError, match=r"'dim school'.* changed since"):
+        cr.run(resized_kernel, jax.random.key(0), None, 10, **kw)
 
 
 def conjugate():

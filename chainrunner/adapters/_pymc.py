@@ -27,6 +27,7 @@ run with 64-bit types only).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 import weakref
@@ -390,16 +391,18 @@ class PymcModel(ModelAdapter):
         """The sampler's kernel, starting from PyMC's initial points, with constrained draws.
 
         Raises:
-            ValueError: where the model's ``pm.Data`` changed since ``from_pymc``
-                (``pm.set_data``): the compiled program holds the data it was built with.
+            ValueError: where the model's ``pm.Data`` or dim lengths changed since
+                ``from_pymc`` (``pm.set_data``, ``set_dim``): the compiled program holds
+                the data it was built with.
         """
         _pymc()  # 64-bit types on (if they were turned off since from_pymc)
         changed = self.changed_data()
         if changed:
             raise ValueError(
-                f"run: the PyMC model's data {changed} changed since cr.from_pymc (pm.set_data), "
-                "and this kernel holds the data it was built with. Call cr.from_pymc(model, "
-                "...) again after pm.set_data: it builds the kernel for the new data."
+                f"run: the PyMC model's data {changed} changed since cr.from_pymc (pm.set_data "
+                "or set_dim), and this kernel holds the data it was built with. Call "
+                "cr.from_pymc(model, ...) again after pm.set_data: it builds the kernel for the "
+                "new data."
             )
         return super().build_kernel(num_warmup=num_warmup, previous_params=previous_params)
 
@@ -478,25 +481,39 @@ class PymcModel(ModelAdapter):
         }
 
 
-def data_values(model: Any) -> dict[str, np.ndarray]:
-    """The values of the model's ``pm.Data`` containers (copies), by name."""
+def data_values(model: Any) -> dict[str, tuple]:
+    """A digest of each of the model's ``pm.Data`` containers and dim lengths (what
+    ``pm.set_data`` and ``model.set_dim`` change), by name: ``(dtype, shape, hash)``."""
+    found = {str(var.name): var for var in getattr(model, "data_vars", ())}
+    found.update({f"dim {k}": v for k, v in getattr(model, "dim_lengths", {}).items()})
     out = {}
-    for var in getattr(model, "data_vars", ()):
+    for name, var in found.items():
         get = getattr(var, "get_value", None)
         if get is not None:
-            out[str(var.name)] = np.array(get())
+            out[name] = _digest(get(borrow=True))
     return out
 
 
-def changed_data(before: Mapping[str, np.ndarray], now: Mapping[str, np.ndarray]) -> list[str]:
-    """The names of the ``pm.Data`` containers whose values differ (or came or went)."""
+def _digest(value: Any) -> tuple:
+    """``(type, shape, hash)`` of an array or a scipy sparse matrix (its parts)."""
+    parts = [getattr(value, a, None) for a in ("data", "indices", "indptr")]
+    if hasattr(value, "tocsr") and all(p is not None for p in parts):  # scipy sparse
+        arrays = [np.asarray(p) for p in parts]
+        kind = (type(value).__name__, str(arrays[0].dtype))
+    else:
+        arrays = [np.asarray(value)]
+        kind = (str(arrays[0].dtype),)
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes() if a.dtype != object
+                 else repr(a.tolist()).encode())  # fmt: skip
+    return (*kind, tuple(np.shape(value)), h.hexdigest())
 
-    def same(a: np.ndarray, b: np.ndarray) -> bool:
-        nan = a.dtype.kind in "fc"
-        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=nan)
 
-    names = sorted(set(before) | set(now))
-    return [k for k in names if k not in before or k not in now or not same(before[k], now[k])]
+def changed_data(before: Mapping[str, tuple], now: Mapping[str, tuple]) -> list[str]:
+    """The containers of ``before`` whose digests differ in ``now`` (or that are gone); a
+    container added since is not in the compiled program, and changes nothing."""
+    return sorted(k for k in before if now.get(k) != before[k])
 
 
 def model_words(model: Any) -> tuple:

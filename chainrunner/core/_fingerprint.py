@@ -441,19 +441,30 @@ def _distribution_version(top: str, path: str) -> str:
 
 def _owners(top: str) -> list[str]:
     """The distributions that install the package ``top``: the one of the same name where
-    there is one (as for jax, numpyro, blackjax, numpy), else ``_distributions``' list.
+    it installs ``top`` (as jax, numpyro, blackjax, numpy do), else ``_distributions``' list.
 
     ``packages_distributions`` reads every installed distribution's file list (0.1-0.3 s
     in an environment with PyMC): a first call pays that only for a package named unlike
-    its distribution (``yaml``, ``PIL``, ...)."""
+    its distribution (``yaml``, ``PIL``, ...) or one this shortcut cannot vouch for."""
     from importlib import metadata
 
     try:
         found = metadata.distribution(top)
-    except metadata.PackageNotFoundError:
-        return _distributions().get(top, [])
-    name = found.metadata["Name"] or top
-    return [name] if _normal(name) == _normal(top) else _distributions().get(top, [])
+        name = found.metadata["Name"]
+        if name and _normal(name) == _normal(top) and _installs(found, top):
+            return [name]
+    except Exception:  # not installed under that name, or its metadata unreadable
+        pass
+    return _distributions().get(top, [])
+
+
+def _installs(found: Any, top: str) -> bool:
+    """Whether the distribution ``found`` installs the top-level package ``top`` (its
+    ``top_level.txt``, else its file list)."""
+    listed = found.read_text("top_level.txt")
+    if listed is not None:
+        return top in listed.split()
+    return any(f.parts and f.parts[0] in (top, top + ".py") for f in found.files or ())
 
 
 def _normal(name: str) -> str:
