@@ -27,7 +27,6 @@ run with 64-bit types only).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 import weakref
@@ -38,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._fingerprint import FingerprintCache, stable_digest
+from ..core._fingerprint import FingerprintCache, array_digest, stable_digest
 from ..core._kernel import Adapter, Kernel
 from ._blackjax._adaptations import name_of
 from ._model import ModelAdapter, build_sampler, with_target_accept
@@ -376,7 +375,7 @@ class PymcModel(ModelAdapter):
         self._observed = {k: np.asarray(v) for k, v in (find_observations(model) or {}).items()}
         self._constants = {k: np.asarray(v) for k, v in (find_constants(model) or {}).items()}
         self._watched: list[tuple[Any, dict]] = []  # (weak reference to a model, its data)
-        self.watch(model)
+        self._watch(model)
 
     def __repr__(self) -> str:
         return f"PymcModel({self.model.name or 'model'!r}, {self.sampler!r})"
@@ -396,7 +395,7 @@ class PymcModel(ModelAdapter):
                 the data it was built with.
         """
         _pymc()  # 64-bit types on (if they were turned off since from_pymc)
-        changed = self.changed_data()
+        changed = self._changed_data()
         if changed:
             raise ValueError(
                 f"run: the PyMC model's data {changed} changed since cr.from_pymc (pm.set_data "
@@ -406,16 +405,16 @@ class PymcModel(ModelAdapter):
             )
         return super().build_kernel(num_warmup=num_warmup, previous_params=previous_params)
 
-    def watch(self, model: Any) -> None:
+    def _watch(self, model: Any) -> None:
         """Remembers the data of ``model``, a model ``from_pymc`` gave this kernel for (the
         same graphs and data as ``self.model``: a notebook cell run again)."""
         self._watched = [(ref, data) for ref, data in self._watched if ref() is not None]
         if not any(ref() is model for ref, _ in self._watched):
             self._watched.append((weakref.ref(model), data_values(model)))
 
-    def changed_data(self) -> list[str]:
-        """The ``pm.Data`` containers changed since ``from_pymc`` in any model it gave this
-        kernel for (``pm.set_data``)."""
+    def _changed_data(self) -> list[str]:
+        """The ``pm.Data`` containers and dims changed since ``from_pymc`` in any model it
+        gave this kernel for (``pm.set_data``, ``set_dim``)."""
         found = set()
         for ref, data in self._watched:
             model = ref()
@@ -483,7 +482,7 @@ class PymcModel(ModelAdapter):
 
 def data_values(model: Any) -> dict[str, tuple]:
     """A digest of each of the model's ``pm.Data`` containers and dim lengths (what
-    ``pm.set_data`` and ``model.set_dim`` change), by name: ``(dtype, shape, hash)``."""
+    ``pm.set_data`` and ``model.set_dim`` change), by name (``_digest``)."""
     found = {str(var.name): var for var in getattr(model, "data_vars", ())}
     found.update({f"dim {k}": v for k, v in getattr(model, "dim_lengths", {}).items()})
     out = {}
@@ -495,19 +494,16 @@ def data_values(model: Any) -> dict[str, tuple]:
 
 
 def _digest(value: Any) -> tuple:
-    """``(type, shape, hash)`` of an array or a scipy sparse matrix (its parts)."""
+    """``array_digest`` of an array, or of a scipy sparse matrix's parts."""
     parts = [getattr(value, a, None) for a in ("data", "indices", "indptr")]
     if hasattr(value, "tocsr") and all(p is not None for p in parts):  # scipy sparse
-        arrays = [np.asarray(p) for p in parts]
-        kind = (type(value).__name__, str(arrays[0].dtype))
-    else:
-        arrays = [np.asarray(value)]
-        kind = (str(arrays[0].dtype),)
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).view(np.uint8).tobytes() if a.dtype != object
-                 else repr(a.tolist()).encode())  # fmt: skip
-    return (*kind, tuple(np.shape(value)), h.hexdigest())
+        return (
+            type(value).__name__,
+            np.shape(value),
+            *(array_digest(np.asarray(p)) for p in parts),
+        )
+    data = np.asarray(value)
+    return array_digest(data) if data.dtype != object else ("object", repr(data.tolist()))
 
 
 def changed_data(before: Mapping[str, tuple], now: Mapping[str, tuple]) -> list[str]:
@@ -743,5 +739,5 @@ def from_pymc(
         return adapter
 
     adapter = _ADAPTERS.get(source, build)
-    adapter.watch(model)
+    adapter._watch(model)
     return adapter

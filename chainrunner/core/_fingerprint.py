@@ -318,13 +318,19 @@ def _array(obj: Any) -> tuple | None:
             raise TypeError("fingerprint: a traced value has no fingerprint")
         data = np.asarray(obj)
         weak = bool(getattr(obj, "weak_type", False))
-        return ("jax.Array", *_digest(data), weak)
+        return ("jax.Array", *array_digest(data), weak)
     if data.dtype == object:
         return None
-    return ("array", *_digest(data))
+    return ("array", *array_digest(data))
 
 
-def _digest(data: np.ndarray) -> tuple:
+def array_digest(data: np.ndarray) -> tuple:
+    """``(shape, dtype, blake2b of the bytes)`` of a numeric array.
+
+    Examples:
+        >>> array_digest(np.zeros(2))[:2]
+        ((2,), 'float64')
+    """
     data = np.ascontiguousarray(data)
     return (data.shape, str(data.dtype), hashlib.blake2b(data.tobytes()).hexdigest())
 
@@ -431,7 +437,7 @@ def _distribution_version(top: str, path: str) -> str:
         except metadata.PackageNotFoundError:
             pass
     if versions:
-        return ", ".join(sorted(versions))
+        return ", ".join(sorted(set(versions)))  # (a vendored copy on sys.path: once)
     try:
         with open(path, "rb") as f:
             return "file " + hashlib.blake2b(f.read(), digest_size=16).hexdigest()
