@@ -183,16 +183,16 @@ _SAME_CALL = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_the_same_call_in_four_processes_gives_the_same_draws(tmp_path):
-    """Four fresh processes, two of them while another program takes a core: the same
+def test_the_same_call_in_two_processes_gives_the_same_draws(tmp_path):
+    """Two fresh processes, the second while another program takes a core: the same
     batch size, and bitwise the same draws, on a model whose draws depend on the width."""
     script = tmp_path / "same_call.py"
     script.write_text(_SAME_CALL)
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     outs, draws = [], []
-    for i in range(4):
+    for i in range(2):
         hog = None
-        if i >= 2:  # a busy core, as another program would take it
+        if i == 1:  # a busy core, as another program would take it
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             args = [str(tmp_path / f"{i}.npy"), *([str(tmp_path / "one.npy")] if i == 0 else [])]

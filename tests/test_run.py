@@ -109,7 +109,7 @@ def test_same_seed_same_layout_is_bitwise():
 def test_same_batch_width_is_bitwise_across_device_counts():
     """Documented promise: the draws depend on the per-device vmap width, not the devices."""
     draws = {}
-    for d, b in [(1, 1), (2, 1), (4, 1), (8, 1), (8, None), (4, 2), (1, 2), (2, 2)]:
+    for d, b in [(1, 1), (2, 1), (8, 1), (8, None), (4, 2), (1, 2)]:  # meshes 1, 2, 4, 8
         trace = cr.run(NUTS, jax.random.key(5), x0(8), 50, mesh=cr.chain_mesh(d), batch_size=b,
                        progress=False)  # fmt: skip
         width = 8 // d if b is None else min(b, 8 // d)
