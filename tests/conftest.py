@@ -4,6 +4,7 @@ import fnmatch
 import os
 import sys
 import tempfile
+import zlib
 
 import jax
 
@@ -65,6 +66,8 @@ ONLY_ON = {
         "test_docs.py::*[[]warmup.md]",
         "test_docs.py::*[[]ensembles.md]",
         "test_docs.py::*[[]reproducibility.md]",
+        "test_docs.py::*[[]README.md]",
+        "test_docs.py::*[[]pymc.md]",
     ],
     (3, 11): [
         "test_examples.py::*",
@@ -76,6 +79,8 @@ ONLY_ON = {
         "test_docs.py::*[[]contributing.md]",
         "test_docs.py::*[[]long-runs.md]",
         "test_docs.py::*[[]more-chains-than-devices.md]",
+        "test_docs.py::*[[]quickstart.md]",
+        "test_docs.py::*[[]how-many-draws.md]",
     ],
 }
 
@@ -85,7 +90,9 @@ ONLY_ON = {
 # under one: by the parity of its parameters' indices, even under 3.11, odd under 3.12.
 # Checks whose subject can change with the JAX version as a whole (bitwise across device
 # counts and widths, ensembles, the cross-chain warmups, the caches, each adaptation's
-# sampler) are not divided. ``CHAINRUNNER_TESTS_UNDIVIDED=1`` runs every parameter.
+# sampler) are not divided. The docstring examples are divided too, by a hash of their
+# name (``_divided_under``). ``CHAINRUNNER_TESTS_UNDIVIDED=1`` runs everything divided
+# under either Python.
 DIVIDED = [
     "test_nuts_fsm.py::test_the_quorum_changes_when_ends_run_not_the_draws",
     "test_nuts_fsm.py::test_a_chunk_is_blackjaxs_draw_for_draw",
@@ -125,12 +132,16 @@ SLOW = [
 
 
 def _divided_under(item) -> tuple | None:
-    """The Python a divided parameter runs under, or ``None`` (not divided)."""
+    """The Python a divided parameter or docstring example runs under, or ``None`` (not
+    divided). The examples (``--doctest-modules``), like the pages, by a hash of their
+    name: each under one Python (the functions they show are tested under both)."""
+    if os.environ.get("CHAINRUNNER_TESTS_UNDIVIDED") == "1":
+        return None
+    if isinstance(item, pytest.DoctestItem):
+        return DIVIDED_AMONG[zlib.crc32(item.name.encode()) % len(DIVIDED_AMONG)]
     name = item.nodeid.split("/")[-1].split("[")[0]
     spec = getattr(item, "callspec", None)
     if name not in DIVIDED or spec is None:
-        return None
-    if os.environ.get("CHAINRUNNER_TESTS_UNDIVIDED") == "1":
         return None
     # One index per parametrize mark (a mark of several names gives each the same index).
     firsts = []
