@@ -153,6 +153,14 @@ def _divided_under(item) -> tuple | None:
 
 def pytest_collection_modifyitems(config, items):
     here = sys.version_info[:2]
+    # A docstring example of another Python is deselected (a skip marker on a doctest of a
+    # module's docstring breaks pytest's report: it has no line number).
+    doctests = [i for i in items if isinstance(i, pytest.DoctestItem)]
+    other = [i for i in doctests if _divided_under(i) not in (None, here)]
+    if other:
+        left_out = set(other)
+        items[:] = [i for i in items if i not in left_out]
+        config.hook.pytest_deselected(items=other)
     for item in items:
         under = _divided_under(item)
         if under is not None and under != here:
