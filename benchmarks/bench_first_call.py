@@ -13,7 +13,12 @@ methods interleaved within each repetition:
   (init, then a ``lax.scan`` of its ``sample`` over 2000 steps), compiled and run: what
   compiling that kernel costs at least;
 - ``notebook cell again``: in one process, the same ``cr.from_numpyro(NUTS(model), ...)``
-  cell run twice (a new kernel object each time): the second call's ``compile_time``.
+  cell run twice (a new kernel object each time): the second call's ``compile_time`` and
+  its seconds before the first draw (the call's wall time less its sampling);
+- ``chain_map``: numpyro's ``MCMC(..., chain_method=cr.chain_map)`` run twice in one
+  process (a new mapped function each run), in a process with an empty cache folder and
+  in a second one: the seconds XLA compiles (``backend_compile_duration``) and the wall
+  time of each ``mcmc.run``.
 
     python benchmarks/bench_first_call.py [--reps 5] [--quick] [--json out]
     python benchmarks/bench_first_call.py --breakdown  # where the compile goes
@@ -124,11 +129,40 @@ CELL = (
 import chainrunner as cr
 times = []
 for _ in range(2):  # the cell, run twice
+    t_run = time.perf_counter()
     kernel = cr.from_numpyro(NUTS(eight_schools), model_args=(J, sigma), model_kwargs={"y": y})
     trace = cr.run(kernel, jax.random.key(0), None, 1000, num_warmup=1000, num_chains=4,
                    progress=False, warn=False)
     times.append(trace.attrs["compile_time"])
-print(json.dumps({"compile_time": times[1], "first_compile_time": times[0]}))
+before = time.perf_counter() - t_run - trace.attrs["sampling_time"]
+print(json.dumps({"compile_time": times[1], "first_compile_time": times[0],
+                  "before_first_draw": before}))
+"""
+)
+
+CHAIN_MAP = (
+    PREAMBLE
+    + r"""
+import chainrunner as cr
+compiling = [0.0]
+
+
+def listen(event, seconds, **_):
+    if event.endswith("backend_compile_duration"):
+        compiling[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(listen)
+runs = []
+for _ in range(2):  # the cell, run twice: numpyro hands chain_map a new function each run
+    compiling[0], t = 0.0, time.perf_counter()
+    mcmc = MCMC(NUTS(eight_schools), num_warmup=1000, num_samples=1000, num_chains=4,
+                chain_method=cr.chain_map, progress_bar=False)
+    mcmc.run(jax.random.key(0), J, sigma, y=y)
+    jax.block_until_ready(mcmc.get_samples())
+    runs.append({"run": time.perf_counter() - t, "compile": compiling[0]})
+print(json.dumps({"first_run": runs[0]["run"], "compile_time": runs[0]["compile"],
+                  "again_run": runs[1]["run"], "again_compile": runs[1]["compile"]}))
 """
 )
 
@@ -161,7 +195,8 @@ print(json.dumps({"compile_time": trace.attrs["compile_time"], **durations}))
 )
 
 METHODS = ("chainrunner, empty cache", "chainrunner, second process", "numpyro parallel",
-           "numpyro vectorized", "hand-written floor", "notebook cell again")  # fmt: skip
+           "numpyro vectorized", "hand-written floor", "notebook cell again",
+           "chain_map, empty cache", "chain_map, second process")  # fmt: skip
 
 
 def child(script: str, *args: str, cache: str | None = None) -> dict:
@@ -184,7 +219,7 @@ def child(script: str, *args: str, cache: str | None = None) -> dict:
 def one_rep(folder: str) -> dict[str, dict]:
     """Every method once, in the order of ``METHODS`` (the two chainrunner processes share
     a fresh folder)."""
-    cache = tempfile.mkdtemp(dir=folder)
+    cache, mapped = tempfile.mkdtemp(dir=folder), tempfile.mkdtemp(dir=folder)
     return {
         METHODS[0]: child(CHAINRUNNER, cache=cache),
         METHODS[1]: child(CHAINRUNNER, cache=cache),
@@ -192,6 +227,8 @@ def one_rep(folder: str) -> dict[str, dict]:
         METHODS[3]: child(NUMPYRO, "vectorized"),
         METHODS[4]: child(FLOOR),
         METHODS[5]: child(CELL, cache=tempfile.mkdtemp(dir=folder)),
+        METHODS[6]: child(CHAIN_MAP, cache=mapped),
+        METHODS[7]: child(CHAIN_MAP, cache=mapped),
     }
 
 
@@ -212,6 +249,13 @@ def summarise(reps: list[dict[str, dict]]) -> dict:
         "first_compile_vs_floor": median(first, "compile_time")
         / median(METHODS[4], "compile_time"),
         "notebook_cell_again_compile_s": median(METHODS[5], "compile_time"),
+        "notebook_cell_again_before_first_draw_s": median(METHODS[5], "before_first_draw"),
+        "chain_map_first_compile_s": median(METHODS[6], "compile_time"),
+        "chain_map_cell_again_compile_s": median(METHODS[6], "again_compile"),
+        "chain_map_cell_again_run_vs_first": median(METHODS[6], "again_run")
+        / median(METHODS[6], "first_run"),
+        "chain_map_second_process_compile_vs_first": median(METHODS[7], "compile_time")
+        / median(METHODS[6], "compile_time"),
         "first_stages_s": {k: median(first, k) for k in ("imports", "sample", "summary",
                                                          "compile_time", "sampling_time")},
     }  # fmt: skip
@@ -267,6 +311,12 @@ def main() -> None:
         ct = summary["compile_time_s"].get(m)
         print(f"| {m} | {summary['process_s'][m]:.2f} | {'-' if ct is None else f'{ct:.2f}'} |")
     print(f"| {METHODS[5]} | - | {summary['notebook_cell_again_compile_s']:.3f} |")
+    print(
+        f"\nnotebook cell again: {summary['notebook_cell_again_before_first_draw_s']:.2f} s "
+        f"before its first draw; chain_map: XLA compiles {summary['chain_map_first_compile_s']:.2f}"
+        f" s in a first process, {summary['chain_map_cell_again_compile_s']:.2f} s in the cell "
+        f"again, second process / first: {summary['chain_map_second_process_compile_vs_first']:.3f}"
+    )
     print(
         f"\nfirst process / numpyro's better: {summary['first_process_vs_best_numpyro']:.2f}; "
         f"second process's compile / first's: {summary['second_process_compile_vs_first']:.3f}; "

@@ -10,7 +10,6 @@ from .core._kernel import CrossChainWarmup as CrossChainWarmup
 from .core._kernel import Ensemble as Ensemble
 from .core._kernel import Kernel as Kernel
 from .core._kernel import WarmupRequest as WarmupRequest
-from .layout._chain_map import chain_map as chain_map
 from .layout._mesh import chain_mesh as chain_mesh
 from .layout._mesh import request_cpu_devices as request_cpu_devices
 from .output._diagnostics import ChainrunnerWarning as ChainrunnerWarning
@@ -20,6 +19,7 @@ from .output._trace import Trace as Trace
 from .pipeline._run import run as run
 from .pipeline._run import sample as sample
 from .programs._cache import enable_compilation_cache as enable_compilation_cache
+from .programs._chain_map import chain_map as chain_map
 from .programs._store import set_cache as set_cache
 from .stopping._until import Converged as Converged
 from .stopping._until import Forgotten as Forgotten

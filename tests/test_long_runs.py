@@ -18,7 +18,7 @@ from interrupting import InterruptingBar
 import chainrunner as cr
 from chainrunner.output._diagnostics import ChainrunnerWarning
 from chainrunner.pipeline import _run
-from chainrunner.programs import _programs
+from chainrunner.programs import _compile, _programs
 
 NUTS = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.9, jnp.ones(3))
 X0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32)
@@ -40,14 +40,14 @@ def test_checkpoint_complete_then_same_call_loads_it(tmp_path):
                **KW)  # fmt: skip
     np.testing.assert_array_equal(a.draws, full.draws)
     assert a.attrs["resumed_from_draw"] == 0
-    before = dict(_programs.trace_counts)
+    before = dict(_compile.compile_counts)
     b = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, checkpoint=path,
                **KW)  # fmt: skip
     assert b.attrs["resumed_from_draw"] == 50  # everything was on disk
     np.testing.assert_array_equal(b.draws, full.draws)
     np.testing.assert_array_equal(b.stats["energy"], full.stats["energy"])
     np.testing.assert_array_equal(b.final_state.position, full.final_state.position)
-    assert _programs.trace_counts == before
+    assert _compile.compile_counts == before
     # Each chunk file is ArviZ data on its own.
     chunk = os.path.join(path, "chunk_000002.nc")
     if int(__import__("arviz").__version__.split(".")[0]) >= 1:
@@ -253,10 +253,10 @@ def test_quiet_runs_take_longer_chunks_and_watched_ones_250(tmp_path, monkeypatc
     np.testing.assert_array_equal(quiet.final_state.position, fixed.final_state.position)
     # 500, 1000 or 2000 draws per call: runs of other lengths share a few programs, and
     # a continued quiet run takes its trace's program again
-    before = dict(_programs.trace_counts)
+    before = dict(_compile.compile_counts)
     assert cr.run(NUTS, jax.random.key(6), X0, 1700, **kw).attrs["chunk_size"] == 2000
     more = cr.run(NUTS, jax.random.key(5), quiet, 300, **{**kw, "num_warmup": 0})
-    assert more.attrs["chunk_size"] == 2000 and _programs.trace_counts == before
+    assert more.attrs["chunk_size"] == 2000 and _compile.compile_counts == before
     assert cr.run(NUTS, jax.random.key(5), X0, 300, **kw).attrs["chunk_size"] == 500
     watched = {
         "checkpoint": {"checkpoint": tmp_path / "ckpt"},

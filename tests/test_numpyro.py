@@ -15,7 +15,7 @@ from mcse import mcse
 from numpyro.infer import HMC, MCMC, NUTS, SA, BarkerMH
 
 import chainrunner as cr
-from chainrunner.programs import _programs
+from chainrunner.programs import _compile
 
 KEY = jax.random.key(0)
 
@@ -117,13 +117,13 @@ def test_data_are_inputs_no_recompile_and_observed_data():
         cr.from_numpyro(kernel, model_args=(y1,)), KEY, None, 500, num_warmup=300,
         num_chains=4, progress=False,
     )  # fmt: skip
-    counts = dict(_programs.trace_counts)
+    counts = dict(_compile.compile_counts)
     y2 = (y1 - 3.0 + 7.0).astype(np.float32)  # same shape, new values
     trace = cr.run(
         cr.from_numpyro(kernel, model_args=(y2,)), KEY, None, 500, num_warmup=300,
         num_chains=4, progress=False,
     )  # fmt: skip
-    assert _programs.trace_counts == counts, "new data of the same shape recompiled"
+    assert _compile.compile_counts == counts, "new data of the same shape recompiled"
     _close(trace.draws["mu"], float(np.mean(y2)), "mu follows the new data")
     data = trace.to_arviz()
     np.testing.assert_array_equal(np.asarray(data["observed_data"]["y"]), y2)
@@ -181,9 +181,11 @@ def test_continue_equals_one_longer_run():
 def test_bare_model_is_nuts_and_reuses_programs():
     a = cr.from_numpyro(two_sites)
     assert isinstance(a.kernel, NUTS)
-    assert a.build_kernel(num_warmup=5).functions == (
-        cr.from_numpyro(two_sites).build_kernel(num_warmup=5).functions
-    )
+    kw = {"num_warmup": 5, "num_chains": 2, "progress": False, "warn": False}
+    cr.run(a, KEY, None, 5, **kw)
+    before = dict(_compile.compile_counts)
+    cr.run(cr.from_numpyro(two_sites), KEY, None, 5, **kw)
+    assert _compile.compile_counts == before  # a new kernel of the same model
 
 
 def test_errors():

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import chainrunner as cr
-from chainrunner.programs import _programs
+from chainrunner.programs import _compile, _programs
 
 SETTINGS = dict(
     deadline=None,
@@ -133,12 +133,12 @@ def test_draws_equal_across_chunk_sizes(n, d, b, k, chunks):
 )
 def test_same_shapes_never_recompile(n, d, b, chunk, seed, more, warmup, phi):
     run(n, d, b, chunk, chunk_size=chunk)  # compiles (or finds) this layout's programs
-    before = dict(_programs.trace_counts)
+    before = dict(_compile.compile_counts)
     kernel = AR1._replace(params=jnp.float32(phi))  # new parameter values, same shapes
     again = cr.run(kernel, jax.random.key(seed), x0(n, offset=1.5), more * chunk + 1,
                    num_warmup=warmup, mesh=MESHES[d], batch_size=b, chunk_size=chunk,
                    progress=False, warn=False)  # fmt: skip
-    assert _programs.trace_counts == before
+    assert _compile.compile_counts == before
     assert again.draws.shape == (n, more * chunk + 1, DIM)
 
 

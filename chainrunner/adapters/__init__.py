@@ -16,7 +16,6 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from ..core._fingerprint import stable_digest
 from ..core._kernel import Adapter, FixedKernel, Kernel
 from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
 
@@ -192,11 +191,9 @@ def as_adapter(kernel: Any, where: str = "run") -> Adapter:
     if isinstance(kernel, Adapter):
         return kernel
     if isinstance(kernel, Kernel):
-        what = ("kernel", kernel.functions, kernel.needs_position, kernel.ensemble)
-        return FixedKernel(kernel, identity=stable_digest(what))
+        return FixedKernel(kernel)
     if is_sampling_algorithm(kernel):
-        identity = stable_digest(("blackjax", kernel))
-        return FixedKernel(from_blackjax(kernel), library="blackjax", identity=identity)
+        return FixedKernel(from_blackjax(kernel), library="blackjax")
     if (type(kernel).__module__ or "").startswith("numpyro."):
         return from_numpyro(kernel)
     if (type(kernel).__module__ or "").startswith("pymc."):  # pymc is imported only then

@@ -21,40 +21,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..core._fingerprint import stable_digest
 from ..core._kernel import Adapter, CrossChainWarmup, FixedKernel, Kernel, WarmupRequest
-from ..core._lru import LRU
 from ._blackjax._adaptations import SAMPLERS, name_of
 
 __all__ = ["ModelAdapter", "build_sampler", "with_target_accept", "wrap"]
 
-# id of a wrapped kernel's functions -> the wrapping functions (stable identities).
-_WRAPPED = LRU(64)
-
 
 def wrap(kernel: Kernel, start: Callable, constrain: Callable) -> Kernel:
-    """``kernel`` starting from ``start``'s positions and storing ``constrain``'s draws.
-
-    The wrappers are cached on the wrapped functions: same in, same out (so the compiled
-    programs are reused).
-    """
+    """``kernel`` starting from ``start``'s positions and storing ``constrain``'s draws."""
     init, _, extract, _ = kernel.functions
 
-    def build() -> tuple[Callable, Callable]:
-        def model_init(position, rng_key, *params):
-            return init(start(position, rng_key), rng_key, *params)
+    def model_init(position, rng_key, *params):
+        return init(start(position, rng_key), rng_key, *params)
 
-        def model_extract(state, info, *params):
-            draw, stats = extract(state, info, *params)
-            return constrain(draw), stats
+    def model_extract(state, info, *params):
+        draw, stats = extract(state, info, *params)
+        return constrain(draw), stats
 
-        return model_init, model_extract
-
-    model_init, model_extract = _WRAPPED.get(
-        (id(init), id(extract), id(start), id(constrain)),
-        build,
-        owner=(init, extract, start, constrain),
-    )
     return kernel._replace(init=model_init, extract=model_extract, needs_position=False)
 
 
@@ -173,6 +156,5 @@ def build_sampler(
             "algorithm(logdensity_fn, **options) (e.g. blackjax.mala with step_size=...), got "
             f"{type(algorithm).__name__}."
         )
-    identity = stable_digest(("blackjax fixed", algorithm, logdensity_fn, options))
     kernel = from_blackjax(algorithm(logdensity_fn, **options))
-    return FixedKernel(kernel, library="blackjax", identity=identity)
+    return FixedKernel(kernel, library="blackjax")

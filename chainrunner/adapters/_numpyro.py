@@ -37,7 +37,6 @@ from numpyro import handlers
 from numpyro.infer.initialization import init_to_uniform, init_to_value
 from numpyro.infer.mcmc import MCMCKernel
 
-from ..core._fingerprint import FingerprintCache, stable_digest
 from ..core._kernel import Adapter, Kernel
 from ..core._lru import LRU
 from ..core._naming import numpyro_stats
@@ -55,10 +54,6 @@ __all__ = [
 # Closures that numpyro kernels build in ``init``; reset in the private copies.
 _CLOSURE_ATTRS = ("_init_fn", "_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_wa_update")
 
-# fingerprint of (numpyro kernel's settings, structure of the model arguments, num_warmup)
-# -> functions: keeps the functions (hence the compiled programs) the same for the same
-# kernel (or a new one of the same model and settings), whatever the data values.
-_FUNCTIONS = FingerprintCache(64)
 # id(model function) -> NUTS(model): a bare model maps to one NUTS kernel.
 _BARE = LRU(64)
 
@@ -115,18 +110,6 @@ def _data_mode(model: Any, data: str, split: tuple) -> tuple[str, str]:
     except Exception:  # any other failure shows when the kernel runs, as before
         pass
     return "inputs", "the model traces with its data as program inputs"
-
-
-def kernel_settings(kernel: Any) -> tuple:
-    """What a numpyro kernel computes with: its type and settings (the model, step size,
-    init strategy, ...), inner kernels likewise; not the closures its ``init`` builds."""
-    model = getattr(kernel, "model", None)
-    settings = {}
-    for name, value in vars(kernel).items():
-        if name in _CLOSURE_ATTRS or (name == "_potential_fn" and model is not None):
-            continue  # built by init (BarkerMH keeps the model's potential there)
-        settings[name] = kernel_settings(value) if isinstance(value, MCMCKernel) else value
-    return (type(kernel), settings)
 
 
 def _merge(params: list, treedef: Any, mask: tuple, statics: tuple) -> tuple[tuple, dict]:
@@ -398,9 +381,8 @@ class NumpyroKernel(Adapter):
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``cr.Kernel`` that runs this kernel with ``num_warmup`` adaptation steps.
 
-        The kernel's functions are cached on (numpyro kernel, ``num_warmup``, the
-        structure and non-array values of the model arguments): data arrays of the same
-        shapes and dtypes reuse the compiled program.
+        The data arrays of the model arguments are the program's inputs (``params``),
+        not its constants: data of the same shapes and dtypes reuse the compiled program.
 
         Args:
             num_warmup: the number of steps during which numpyro adapts.
@@ -415,15 +397,13 @@ class NumpyroKernel(Adapter):
             >>> def model():
             ...     numpyro.sample("x", dist.Normal())
             >>> wrapped = cr.from_numpyro(numpyro.infer.NUTS(model))
-            >>> k1 = wrapped.build_kernel(num_warmup=10)
-            >>> k1.functions == wrapped.build_kernel(num_warmup=10).functions
-            True
+            >>> wrapped.build_kernel(num_warmup=10).params
+            ()
         """
         treedef, mask, statics = self._structure
         build = _build_ensemble if _is_ensemble(self.kernel) else _build
-        init, step, extract, logdensity, *ensemble = _FUNCTIONS.get(
-            self._source(num_warmup),
-            lambda: build(self.kernel, treedef, mask, statics, int(num_warmup)),
+        init, step, extract, logdensity, *ensemble = build(
+            self.kernel, treedef, mask, statics, int(num_warmup)
         )
         return Kernel(
             init=init,
@@ -434,26 +414,6 @@ class NumpyroKernel(Adapter):
             needs_position=getattr(self.kernel, "model", None) is None,
             ensemble=ensemble[0] if ensemble else None,
         )
-
-    @property
-    def identity(self) -> str | None:  # type: ignore[override]
-        """What the kernel's functions compute, the same in every process: the numpyro
-        kernel's settings, the model arguments' structure and non-array values, and how
-        the data enter the program (``None`` where something in them has no stable
-        fingerprint)."""
-        found = stable_digest(self._source(-1))
-        return None if found is None else found + self.data
-
-    def _source(self, num_warmup: int) -> tuple:
-        """What the kernel's functions compute (their cache's key, by fingerprint): the
-        numpyro kernel's type and settings (``kernel_settings``: the model function by its
-        code and the values it reads), the model arguments' structure and non-array
-        values, and ``num_warmup``. A new ``NUTS(model)`` of the same model (a re-run
-        notebook cell) has the same fingerprint, hence the same functions and compiled
-        programs; another model, closure constant, setting or static argument never does."""
-        treedef, mask, statics = self._structure
-        return ("numpyro", kernel_settings(self.kernel), str(treedef), mask, statics,
-                int(num_warmup))  # fmt: skip
 
     def dims(self) -> dict[str, list[str]]:
         """Dims of the model's sites from its plates and ``infer={"event_dims": ...}``.

@@ -32,7 +32,6 @@ from numpyro import handlers
 from numpyro.infer.initialization import init_to_uniform, init_to_value
 from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 
-from ..core._fingerprint import FingerprintCache, stable_digest
 from ..core._kernel import Adapter
 from ._blackjax._adaptations import factory_parameters, name_of
 from ._model import ModelAdapter, build_sampler, with_target_accept
@@ -47,10 +46,6 @@ from ._numpyro import (
 __all__ = ["NumpyroModel", "from_numpyro_model"]
 
 _SALT = 0x6E756D70  # "nump": the start's keys are not the adaptation's
-
-# fingerprint of (model, data, sampler, options) -> NumpyroModel: a new NUTS(model) of
-# the same model and data gets the same adapter, hence the same compiled programs.
-_ADAPTERS = FingerprintCache(32)
 
 # numpyro NUTS's settings and their defaults: those chainrunner's adaptation replaces.
 _NUTS_DEFAULTS = {
@@ -285,18 +280,10 @@ def from_numpyro_model(
     factory = algorithm if algorithm is not None else getattr(blackjax, SAMPLERS.get(name, "nuts"))
     options = _translated(nuts, name, factory, dict(options), where)
     strategy = getattr(nuts, "_init_strategy", init_to_uniform)
-    source = ("numpyro model", model, tuple(model_args), kwargs, algorithm, adaptation,
-              bool(log_likelihood), strategy, options)  # fmt: skip
-
-    def build() -> NumpyroModel:
-        _check_continuous(model, tuple(model_args), kwargs, where)
-        meta = NumpyroKernel(nuts, tuple(model_args), kwargs, log_likelihood, "constants")
-        args = meta.model_args
-        logdensity_fn, constrain = _functions(model, args, kwargs)
-        sampler = build_sampler(factory, adaptation, logdensity_fn, options, where)
-        start = _start(model, args, kwargs, strategy)
-        adapter = NumpyroModel(model, sampler, meta, logdensity_fn, start, constrain)
-        adapter.identity = stable_digest(source)
-        return adapter
-
-    return _ADAPTERS.get(source, build)
+    _check_continuous(model, tuple(model_args), kwargs, where)
+    meta = NumpyroKernel(nuts, tuple(model_args), kwargs, log_likelihood, "constants")
+    args = meta.model_args
+    logdensity_fn, constrain = _functions(model, args, kwargs)
+    sampler = build_sampler(factory, adaptation, logdensity_fn, options, where)
+    start = _start(model, args, kwargs, strategy)
+    return NumpyroModel(model, sampler, meta, logdensity_fn, start, constrain)

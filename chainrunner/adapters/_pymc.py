@@ -27,9 +27,9 @@ run with 64-bit types only).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core._fingerprint import FingerprintCache, array_digest, stable_digest
 from ..core._kernel import Adapter, Kernel
 from ._blackjax._adaptations import name_of
 from ._model import ModelAdapter, build_sampler, with_target_accept
@@ -45,13 +44,6 @@ from ._model import ModelAdapter, build_sampler, with_target_accept
 __all__ = ["PymcModel", "from_pymc", "is_pymc_model"]
 
 INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
-
-# fingerprint of (the model's graphs and data, sampler and options) -> PymcModel: the same
-# model, or a new pm.Model of the same model (a notebook cell run again), and arguments
-# give the same adapter, hence the same compiled programs.
-# What ``model_words`` names by identity are PyTensor's graph objects (ops, their output
-# type rules): immutable once built, so an equal fingerprint is the same model.
-_ADAPTERS = FingerprintCache(32, trust_identities=True)
 
 
 def _pymc() -> Any:
@@ -374,8 +366,7 @@ class PymcModel(ModelAdapter):
         self._dims = {k: list(v) for k, v in dims.items()}
         self._observed = {k: np.asarray(v) for k, v in (find_observations(model) or {}).items()}
         self._constants = {k: np.asarray(v) for k, v in (find_constants(model) or {}).items()}
-        self._watched: list[tuple[Any, dict]] = []  # (weak reference to a model, its data)
-        self._watch(model)
+        self._data = data_values(model)  # as compiled: pm.set_data later is an error
 
     def __repr__(self) -> str:
         return f"PymcModel({self.model.name or 'model'!r}, {self.sampler!r})"
@@ -405,22 +396,10 @@ class PymcModel(ModelAdapter):
             )
         return super().build_kernel(num_warmup=num_warmup, previous_params=previous_params)
 
-    def _watch(self, model: Any) -> None:
-        """Remembers the data of ``model``, a model ``from_pymc`` gave this kernel for (the
-        same graphs and data as ``self.model``: a notebook cell run again)."""
-        self._watched = [(ref, data) for ref, data in self._watched if ref() is not None]
-        if not any(ref() is model for ref, _ in self._watched):
-            self._watched.append((weakref.ref(model), data_values(model)))
-
     def _changed_data(self) -> list[str]:
-        """The ``pm.Data`` containers and dims changed since ``from_pymc`` in any model it
-        gave this kernel for (``pm.set_data``, ``set_dim``)."""
-        found = set()
-        for ref, data in self._watched:
-            model = ref()
-            if model is not None:
-                found.update(changed_data(data, data_values(model)))
-        return sorted(found)
+        """The model's ``pm.Data`` containers and dims changed since ``from_pymc``
+        (``pm.set_data``, ``set_dim``)."""
+        return changed_data(self._data, data_values(self.model))
 
     def log_likelihood(self, draws: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Pointwise log likelihood of the observed variables at each draw.
@@ -506,120 +485,21 @@ def _digest(value: Any) -> tuple:
     return array_digest(data) if data.dtype != object else ("object", repr(data.tolist()))
 
 
+def array_digest(data: np.ndarray) -> tuple:
+    """``(shape, dtype, blake2b of the bytes)`` of a numeric array.
+
+    Examples:
+        >>> array_digest(np.zeros(2))[:2]
+        ((2,), 'float64')
+    """
+    data = np.ascontiguousarray(data)
+    return (data.shape, str(data.dtype), hashlib.blake2b(data.tobytes()).hexdigest())
+
+
 def changed_data(before: Mapping[str, tuple], now: Mapping[str, tuple]) -> list[str]:
     """The containers of ``before`` whose digests differ in ``now`` (or that are gone); a
     container added since is not in the compiled program, and changes nothing."""
     return sorted(k for k in before if now.get(k) != before[k])
-
-
-def model_words(model: Any) -> tuple:
-    """The model as plain values: what its compiled programs depend on, for their key.
-
-    Its log density, constrained draws, free variables' graphs (the initial points come
-    from them) as ``graph_words``, the value variables' names and types, the variables'
-    initial values, coords, dims, observed and constant data. Two ``pm.Model``s built the
-    same way, with the same data, give the same words (a notebook cell run again); a
-    new data value, prior parameter, name or coordinate gives other words.
-    """
-    from pymc.backends.arviz import (
-        coords_and_dims_for_inferencedata,
-        find_constants,
-        find_observations,
-    )
-    from pymc.util import get_default_varnames
-
-    values = list(model.value_vars)
-    drawn = list(get_default_varnames(model.unobserved_value_vars, include_transformed=False))
-    coords, dims = coords_and_dims_for_inferencedata(model)
-    return (
-        tuple((v.name, _type_words(v.type)) for v in values),
-        tuple(v.name for v in drawn),
-        graph_words(values, [model.logp(), *drawn]),
-        graph_words([], list(model.free_RVs)),
-        {rv.name: v for rv, v in model.rvs_to_initial_values.items()},
-        {k: np.asarray(v) for k, v in coords.items()},
-        {k: tuple(v) for k, v in dims.items()},
-        dict(find_observations(model) or {}),
-        dict(find_constants(model) or {}),
-        model.name,
-    )
-
-
-def graph_words(inputs: list, outputs: list) -> tuple:
-    """A PyTensor graph as plain values: each node's op (its type and ``__props__``, which
-    PyTensor's equality of ops is defined by; a scalar ``Composite`` by its code) and
-    inputs, constants and shared values by their data (random generators by their type
-    only: neither the log density nor the initial points draw from them). An op of any
-    other kind stays itself (compared by identity: a key for this process only)."""
-    from pytensor.graph.basic import Constant
-    from pytensor.graph.traversal import io_toposort
-
-    refs: dict[Any, Any] = {v: ("input", i) for i, v in enumerate(inputs)}
-
-    def ref(v: Any) -> Any:
-        if v in refs:
-            return refs[v]
-        if isinstance(v, Constant):
-            return ("constant", _type_words(v.type), v.data)
-        get = getattr(v, "get_value", None)
-        if get is not None:
-            value = get(borrow=True)
-            if isinstance(value, np.random.Generator):
-                return ("generator", _type_words(v.type))
-            return ("shared", _type_words(v.type), np.asarray(value))
-        return v
-
-    nodes = []
-    for n, node in enumerate(io_toposort(inputs, outputs)):
-        nodes.append((_op_words(node.op), tuple(ref(i) for i in node.inputs),
-                      tuple(_type_words(o.type) for o in node.outputs)))  # fmt: skip
-        refs.update({o: ("node", n, j) for j, o in enumerate(node.outputs)})
-    return tuple(nodes), tuple(ref(o) for o in outputs)
-
-
-def _op_words(op: Any) -> Any:
-    """An op as plain values, as PyTensor defines the equality of ops: its type and
-    ``__props__``; a scalar op's type and output-type rule; a ``Composite``'s code. Any
-    other op stays itself."""
-    from pytensor.compile.builders import OpFromGraph
-    from pytensor.scalar.basic import ScalarOp
-
-    if isinstance(op, OpFromGraph):  # PyMC's symbolic random variables: their inner graph
-        return (type(op), graph_words(list(op.inner_inputs), list(op.inner_outputs)),
-                tuple(_words(p) for p in op._props()) if hasattr(op, "_props") else ())  # fmt: skip
-    if getattr(type(op), "__props__", None) is not None:
-        return (type(op), tuple(_words(p) for p in op._props()))
-    template = getattr(op, "c_code_template", None)
-    if isinstance(template, str):  # PyTensor's Composite: equal ops, equal code
-        return (type(op), op.nin, op.nout, template)
-    if isinstance(op, ScalarOp):
-        return (type(op), getattr(op, "output_types_preference", None))
-    return op
-
-
-def _words(x: Any) -> Any:
-    """A prop's value as plain values (ops, types and mappings within it likewise)."""
-    from pytensor.graph.op import Op
-    from pytensor.graph.type import Type
-
-    if isinstance(x, Op):
-        return _op_words(x)
-    if isinstance(x, Type):
-        return _type_words(x)
-    if isinstance(x, Mapping):
-        return {k: _words(v) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_words(v) for v in x)
-    return x
-
-
-def _type_words(t: Any) -> tuple:
-    """A PyTensor type as plain values: its class and ``__props__`` (dtype, static shape),
-    or its dtype and shape where it has no props."""
-    props = getattr(type(t), "__props__", None)
-    if props is not None:
-        return (type(t), tuple((p, _words(getattr(t, p, None))) for p in props))
-    return (type(t), str(getattr(t, "dtype", "")), tuple(getattr(t, "shape", ()) or ()))
 
 
 def _check_model(pymc: Any, model: Any) -> None:
@@ -692,8 +572,9 @@ def from_pymc(
             ``target_acceptance_rate=0.9`` or ``is_mass_matrix_diagonal=False``.
 
     Returns:
-        A ``PymcModel``: pass it to ``cr.run`` / ``cr.sample``. The same object for the same
-        model, data and arguments, so repeated runs reuse the compiled programs.
+        A ``PymcModel``: pass it to ``cr.run`` / ``cr.sample``. A new ``pm.Model`` of the
+        same model (a notebook cell run again) compiles nothing again: compiled programs
+        are found by what they compute.
 
     Raises:
         ImportError: without PyMC (``pip install "chainrunner[pymc]"``).
@@ -717,27 +598,8 @@ def from_pymc(
     if adaptation is not None:
         name_of(adaptation, "from_pymc")  # a clear error for an unknown one, now
     options = with_target_accept(adaptation, target_accept, options, "from_pymc")
-    source = (
-        "pymc",
-        model_words(model),
-        algorithm,
-        adaptation,
-        bool(log_likelihood),
-        {str(k): v for k, v in (initvals or {}).items()},
-        bool(jitter),
-        int(jitter_max_retries),
-        options,
+    compiled = compile_model(
+        model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
     )
-
-    def build() -> PymcModel:
-        compiled = compile_model(
-            model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
-        )
-        sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
-        adapter = PymcModel(model, sampler, compiled, log_likelihood)
-        adapter.identity = stable_digest(source)
-        return adapter
-
-    adapter = _ADAPTERS.get(source, build)
-    adapter._watch(model)
-    return adapter
+    sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
+    return PymcModel(model, sampler, compiled, log_likelihood)

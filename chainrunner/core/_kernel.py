@@ -72,10 +72,6 @@ class Kernel(NamedTuple):
             together (numpyro's ``AIES``, ``ESS``). ``init`` and ``step`` are then the
             ensemble's whole-ensemble functions, and ``extract`` and ``logdensity`` take
             one walker's row of ``Ensemble.rows(state)`` (and its row of the step's info).
-        identity: ``None``, or a string that names what the functions compute, the same
-            in every process (``run`` sets it from ``Adapter.identity``): kernels with
-            the same identity share compiled programs, kept on disk between processes
-            (``cr.set_cache``). Two kernels that compute differently must never share one.
         machine: ``None``, or the same kernel as a state machine for chains that share
             a device: ``machine(extract, chunk_len)`` gives ``loop(states, step_keys,
             start, n_valid) -> (states, (draws, stats))`` for a batch of chains (leading
@@ -104,12 +100,11 @@ class Kernel(NamedTuple):
     params: Any = None
     needs_position: bool = True
     ensemble: Any = None
-    identity: str | None = None
     machine: Callable | None = None
 
     @property
     def functions(self) -> tuple:
-        """The kernel's functions: what identifies its compiled programs."""
+        """The kernel's four functions, in order: ``(init, step, extract, logdensity)``."""
         return (self.init, self.step, self.extract, self.logdensity)
 
     def bind(self, params: Any) -> Kernel:
@@ -238,11 +233,6 @@ class Adapter:
         needs_warmup: ``True`` if a fresh run with ``num_warmup=0`` would sample with
             values that were never adapted (a step size of 1.0): ``run`` then raises
             before any work, naming what to pass. A continued trace needs none.
-        identity: ``None``, or a string naming what this adapter's kernels compute, the
-            same in every process (a digest of the model or log density's fingerprint,
-            its data and options: ``core/_fingerprint.py``). With it, ``run`` loads the
-            compiled programs of an earlier process from the cache folder without tracing
-            them (``cr.set_cache``); without it they are still kept, found after tracing.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -258,7 +248,6 @@ class Adapter:
     has_cross_chain_warmup: bool = False
     init_error_hint: str | None = None
     needs_warmup: bool = False
-    identity: str | None = None
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``Kernel`` to run ``num_warmup`` warmup steps and then sample with.
@@ -303,10 +292,9 @@ class Adapter:
 class FixedKernel(Adapter):
     """The adapter of a ready ``Kernel``: the same kernel whatever the warmup."""
 
-    def __init__(self, kernel: Kernel, library: str | None = None, identity: str | None = None):
+    def __init__(self, kernel: Kernel, library: str | None = None):
         self._kernel = kernel
         self._library = library
-        self.identity = identity
 
     def __repr__(self) -> str:
         return f"FixedKernel({self._kernel!r})"

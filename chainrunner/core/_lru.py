@@ -1,4 +1,4 @@
-"""One bounded, thread-safe cache: compiled programs, executables and adapted kernels."""
+"""One bounded, thread-safe cache: executables, draw shapes, placed values."""
 
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ class LRU:
     threads never build the same entry twice). With ``owner=obj`` (an object, or a tuple
     of objects) the entry is returned only to a lookup with that very object: a key made
     of ``id``s, reused by a new object after the old one died, never returns the old value.
-    With ``keep=objs`` the entry holds those objects alive instead (a ``Fingerprint``'s
-    ``keep``): no other object can take their ``id`` while it lives, and any lookup with
-    an equal key finds it.
 
     Examples:
         >>> cache = LRU(2)
@@ -37,7 +34,7 @@ class LRU:
 
     def __init__(self, size: int):
         self.size = size
-        self._items: OrderedDict[Hashable, tuple[Any, Any, Any]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
         self._lock = threading.RLock()
 
     def __contains__(self, key: Hashable) -> bool:
@@ -66,19 +63,17 @@ class LRU:
             self._items.move_to_end(key)
             return True, hit[1]
 
-    def put(self, key: Hashable, value: Any, owner: Any = None, keep: Any = None) -> Any:
+    def put(self, key: Hashable, value: Any, owner: Any = None) -> Any:
         """Stores ``value`` (dropping the least recent entries beyond ``size``); returns it."""
         with self._lock:
-            self._items[key] = (owner, value, keep)
+            self._items[key] = (owner, value)
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
             return value
 
-    def get(
-        self, key: Hashable, build: Callable[[], Any], owner: Any = None, keep: Any = None
-    ) -> Any:
+    def get(self, key: Hashable, build: Callable[[], Any], owner: Any = None) -> Any:
         """The cached value for ``key``, built with ``build()`` if missing."""
         with self._lock:
             found, value = self.lookup(key, owner)
-            return value if found else self.put(key, build(), owner, keep)
+            return value if found else self.put(key, build(), owner)

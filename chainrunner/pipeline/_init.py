@@ -66,9 +66,7 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
         placed.params,
     )
     b, n = layout.batch_size, layout.num_chains
-    key = ("init", kernel.functions, mesh, b) + ((n,) if kernel.ensemble is not None else ())
-    identity = None if kernel.identity is None else ("init", kernel.identity, *key[2:])
-    init, dt = compiled(key, lambda: init_program(kernel, mesh, b, n), args, on_traced, identity)
+    init, dt = compiled("init", init_program(kernel, mesh, b, n), args, on_traced)
     state, lp = init(*args)
     if kernel.logdensity is None:
         return state, None, dt

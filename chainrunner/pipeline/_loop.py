@@ -14,10 +14,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ..core._fingerprint import stable_digest
 from ..core._kernel import Kernel
 from ..layout import _distributed, _mesh
-from ..programs._compile import Ahead, compiled, in_this_context, stable_signature
+from ..programs._compile import Ahead, compiled, in_this_context, signature
 from ..programs._programs import chunk_program, draw_shape, fitted_rows
 from ._plan import DEFAULT_CHUNK_SIZE
 
@@ -123,28 +122,13 @@ def compile_loop(
     mesh, b = placed.mesh, placed.layout.batch_size
     zero = chunk_scalars(0, 0, mesh)
     n = placed.layout.num_chains
-    key = ("chunk", kernel.functions, mesh, b, sched.chunk_len, sched.thinning, plan.keep)
-    key += (n,) if kernel.ensemble is not None else ()
     program, seconds = compiled(
-        key,
-        lambda: chunk_program(
-            kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, sched.draw
-        ),
+        "chunk",
+        chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, sched.draw),
         (state, placed.chains, placed.key, *zero, params),
         on_traced,
-        _identity(kernel, key, sched),
     )
-    return Chunks(program, placed, params), seconds
-
-
-def _identity(kernel: Kernel, key: tuple, sched: Schedule) -> tuple | None:
-    """What names the chunk program in every process (``_compile.compiled``), or ``None``
-    where the kernel or ``keep=`` has no such name."""
-    keep = stable_digest(key[6])
-    if kernel.identity is None or keep is None:
-        return None
-    draw = None if sched.draw is None else stable_signature(sched.draw)
-    return ("chunk", kernel.identity, *key[2:6], keep, *key[7:], draw)
+    return Chunks(program, placed, params, sched, signature((state, params))), seconds
 
 
 class Chunks(NamedTuple):
@@ -157,6 +141,13 @@ class Chunks(NamedTuple):
     program: Any
     placed: Any
     params: Any
+    sched: Schedule
+    signature: tuple
+
+    def compiled_for(self, sched: Schedule, state: Any, params: Any) -> bool:
+        """Whether this program runs ``sched`` from ``state`` with ``params`` (the same
+        shapes, dtypes and shardings: a state's shape structs say it too)."""
+        return sched == self.sched and signature((state, params)) == self.signature
 
     def __call__(self, state: Any, first_step: int, count: int) -> tuple[Any, Any]:
         p = self.placed
@@ -205,7 +196,7 @@ def compile_ahead(kernel: Kernel, plan: Any, start: Any, placed: Any) -> Any:
         )
 
         def go(traced: Any) -> Any:
-            sched = schedule(plan, start, placed.layout, kernel, start.state)
+            sched = schedule(plan, start, placed.layout, kernel, like)
             return compile_loop(kernel, plan, placed, sched, like, placed.params, traced)
 
         go = in_this_context(go)

@@ -288,13 +288,13 @@ def _kernel_errors(start: _start.Start) -> Iterator[None]:
 
 
 def _schedule(ctx: Run, warm: Warm) -> _loop.Schedule:
-    """The loop's lengths, decided before the loop compiles (``_loop.schedule``): for the
-    start's kernel and positions, or after a cross-chain warmup for the adapted kernel
-    from its state (``keep=`` names checked then: its step needs the adapted params)."""
+    """The loop's lengths, decided before the loop compiles (``_loop.schedule``), from the
+    kernel and the state sampling starts from (the compile-ahead makes the same call with
+    that state's shape structs; its trace of one step is cached). After a cross-chain
+    warmup, ``keep=`` names are checked now: the adapted kernel's step needs its params."""
     plan, _, start, placed = ctx
-    if not start.cross_chain:  # the same call as the compile-ahead's (its trace is cached)
-        return _loop.schedule(plan, start, placed.layout, start.kernel, start.state)
-    check_keep_names(warm.kernel, plan.keep, None, warm.state, start.num_chains)
+    if start.cross_chain:
+        check_keep_names(warm.kernel, plan.keep, None, warm.state, start.num_chains)
     return _loop.schedule(plan, start, placed.layout, warm.kernel, warm.state)
 
 
@@ -371,13 +371,14 @@ def _burn_in(
 
 
 def _compile(ctx: Run, sched: _loop.Schedule, warm: Warm, ahead: Any) -> tuple[_loop.Chunks, float]:
-    """The compiled chunk program (from the helper thread's compile, when it ran one)."""
-    chunks, dt = _loop.compile_loop(
-        warm.kernel, ctx.plan, ctx.placed, sched, warm.state, warm.params
-    )
+    """The compiled chunk program: the helper thread's, where it compiled this one (the
+    seconds spent waiting for it), else compiled here."""
     if ahead is not None:
-        ahead.job.result()  # raises here whatever the helper thread raised
-    return chunks, dt
+        t0 = time.perf_counter()
+        chunks, _ = ahead.job.result()  # raises here whatever the helper thread raised
+        if chunks.compiled_for(sched, warm.state, warm.params):
+            return chunks, time.perf_counter() - t0
+    return _loop.compile_loop(warm.kernel, ctx.plan, ctx.placed, sched, warm.state, warm.params)
 
 
 def describe(ctx: Run, sched: _loop.Schedule) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
                 "num_warmup > 0 (e.g. 1000); to sample at fixed values, pass the algorithm "
                 "itself (blackjax.nuts(logdensity_fn, step_size, inverse_mass_matrix))."
             )
-        kernel = with_identity(adapter.build_kernel(num_warmup=plan.num_warmup), adapter, plan)
+        kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
         if initial_position is not None:
             n = leading_size(initial_position, "initial_position", where)
         elif kernel.needs_position:
@@ -115,15 +115,6 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             "every superchain has the same number of chains."
         )
     return start
-
-
-def with_identity(kernel: Kernel, adapter: Adapter, plan: Plan) -> Kernel:
-    """``kernel`` named by its adapter's ``identity`` and the warmup length it was built for
-    (``Kernel.identity``: its programs are then found on disk without tracing them)."""
-    if kernel.identity is not None or adapter.identity is None:
-        return kernel
-    words = (adapter.identity, type(adapter).__qualname__, int(plan.num_warmup))
-    return kernel._replace(identity=repr(words))
 
 
 def one_chain_note(start: Start) -> str:

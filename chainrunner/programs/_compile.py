@@ -1,18 +1,24 @@
-"""The compile cache: each program built once, each executable compiled once.
+"""The compile cache: a compiled program is found by what it computes.
 
-Within a process, by the program's key and its arguments' signature; between processes,
-through the cache folder (``_store``).
+Every call traces its program and lowers it; the program's key (``program_key``) is a
+digest of the lowered module's text (its constants included, its source locations not),
+the trees of its arguments and results, the devices it runs on in order, and the
+environment (jax, jaxlib and XLA versions, the CPU, ``XLA_FLAGS``, JAX's settings:
+``_store.environment``). Whatever a model reads while it is traced (the environment, a
+file, a random draw, a global, ``jax_enable_x64``) is a constant of the lowered program,
+so it is in the key: two computations never share a program, and the same computation
+built from new Python objects (a notebook cell run again, a second process) finds its
+program without compiling.
 
-A *program* is ``jit(shard_map(...))`` of a body that closes over the kernel and the loop
-length (never static arguments), cached on what identifies it (the kernel's functions,
-the mesh, ``batch_size``, chunk length, ...). An *executable* is that program compiled for
-the shapes, dtypes and shardings of its arguments. Both caches are shared with the
-thread that compiles the sampling loop while the chains are initialised, so they are
-locked, and an executable being compiled by one thread is awaited by the other.
+Within a process the executables are kept by that key (``_EXECUTABLES``); between
+processes, in the cache folder (``_store``). The thread that compiles the sampling loop
+while the chains are initialised shares the cache, so it is locked, and an executable
+being compiled by one thread is awaited by the other.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import threading
 import time
@@ -23,23 +29,26 @@ import jax
 import numpy as np
 
 from ..core._lru import LRU
-from ..core._settings import trace_settings
 from ..core._threads import Background
 from . import _store
 
 CACHE_SIZE = 32
-_PROGRAMS = LRU(CACHE_SIZE)
 _EXECUTABLES = LRU(CACHE_SIZE)
-_PENDING: dict[tuple, threading.Event] = {}  # executables being compiled, by key
+_PENDING: dict[str, threading.Event] = {}  # executables being compiled, by key
 _PENDING_LOCK = threading.Lock()
 
 # Tracing runs the kernel's Python code, and numpyro kernels rebuild their closures while
 # traced: one trace at a time. Lowering and XLA compilation may overlap.
 TRACE_LOCK = threading.Lock()
 
+# XLA compiles (and loads from the cache folder) per kind of program: tests read them to
+# check the promises "compiles nothing" and "loads instead of compiling".
+compile_counts: collections.Counter = collections.Counter()
+load_counts: collections.Counter = collections.Counter()
+
 
 def signature(args: Any) -> tuple:
-    """What an executable is compiled for: tree structure, shapes, dtypes, shardings."""
+    """What a trace depends on besides the code: tree structure, shapes, dtypes, shardings."""
     leaves, treedef = jax.tree.flatten(args)
     return (
         treedef,
@@ -50,7 +59,7 @@ def signature(args: Any) -> tuple:
     )
 
 
-def _claim(key: tuple) -> tuple[Any, threading.Event | None]:
+def _claim(key: str) -> tuple[Any, threading.Event | None]:
     """``(executable, None)`` if cached, else ``(None, event)``: this thread compiles it."""
     while True:
         with _PENDING_LOCK:
@@ -65,30 +74,34 @@ def _claim(key: tuple) -> tuple[Any, threading.Event | None]:
 
 
 def compiled(
-    program_key: tuple,
-    build: Callable[[], Callable],
+    kind: str,
+    program: Callable,
     args: tuple,
     on_traced: Callable[[Any], None] | None = None,
-    identity: tuple | None = None,
-) -> tuple[Any, float]:
-    """The compiled executable for ``args``, and the seconds spent compiling (or waiting).
+) -> tuple[_store.Program, float]:
+    """``program`` (a ``jax.jit``) compiled for ``args``, and the seconds it took.
 
-    ``on_traced(out_info)`` is called once the program is traced and before it is
-    compiled (not at all when the executable is cached in this process, or loaded from
-    the cache folder: then with the loaded program's ``out_info``). ``identity``: what
-    names the program in every process (the kernel's ``identity`` and the program's
-    layout), or ``None``: it is then traced and lowered in every process, and JAX's
-    persistent cache may serve its compile (``_store``).
+    The program is traced and lowered on every call (the key must see what this trace
+    reads); the executable comes from this process's cache, else the cache folder, else
+    XLA, by ``program_key``. ``on_traced(out_info)`` is called once the program is
+    traced, before it is lowered. ``kind`` names the program in ``compile_counts``.
     """
-    program = _PROGRAMS.get(program_key, build)
-    key = (program_key, signature(args), trace_settings())  # x64 on: another program
     t0 = time.perf_counter()
+    with TRACE_LOCK:
+        traced = program.trace(*args)
+    if on_traced is not None:
+        on_traced(traced.out_info)
+    lowered = traced.lower()
+    text = lowered.as_text()
+    devices = mesh_devices(args)
+    if _store.calls_python(text):  # its callbacks are not in the text: never shared
+        return _compile_only(kind, lowered, text), time.perf_counter() - t0
+    key = program_key(text, args, traced.out_info, devices)
     executable, pending = _claim(key)
     if pending is None:
-        waited = time.perf_counter() - t0
-        return executable, waited if waited > 1e-3 else 0.0
+        return executable, time.perf_counter() - t0
     try:
-        executable = _EXECUTABLES.put(key, _compile(program, args, on_traced, identity))
+        executable = _EXECUTABLES.put(key, _load_or_compile(kind, lowered, text, key, devices))
     finally:
         with _PENDING_LOCK:
             del _PENDING[key]
@@ -96,32 +109,57 @@ def compiled(
     return executable, time.perf_counter() - t0
 
 
-def _compile(program: Any, args: tuple, on_traced: Any, identity: tuple | None) -> Any:
-    """The ``_store.Program`` for ``args``: loaded from the cache folder by ``identity``,
-    or traced, lowered and compiled (JAX's persistent cache, on during a run, may serve
-    the compile: ``_store.jax_cache``), then stored by ``identity``. Programs whose
-    arguments are not all on one mesh are not stored (their devices are not known before
-    compiling)."""
-    devices = mesh_devices(args)
-    name = None
-    if identity is not None and devices is not None and _store.folder() is not None:
-        name = _store.key("identity", identity, stable_signature(args))
-        loaded = _store.load(name, devices)
+def program_key(text: str, args: Any, out_info: Any, devices: list | None) -> str:
+    """The key of a lowered program: a digest of its text, the trees of its arguments
+    and results (``stable_signature``), its devices in order and ``_store.environment``.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> def key_of(f, x):
+        ...     traced = jax.jit(f).trace(x)
+        ...     return program_key(traced.lower().as_text(), (x,), traced.out_info, None)
+        >>> x = jnp.ones(3)
+        >>> key_of(lambda x: x * 2.0, x) == key_of(lambda x: x * 2.0, x)
+        True
+        >>> key_of(lambda x: x * 2.0, x) == key_of(lambda x: x * 3.0, x)
+        False
+    """
+    ids = None if devices is None else [d.id for d in devices]
+    words = repr((stable_signature(args), stable_signature(out_info), ids, _store.environment()))
+    h = hashlib.blake2b(digest_size=24)
+    h.update(text.encode())
+    h.update(words.encode())
+    return h.hexdigest()
+
+
+def _compile_only(kind: str, lowered: Any, text: str) -> _store.Program:
+    """A program that calls back into Python (``jax.debug.print``, ``pure_callback``):
+    its text names each callback by a number only, so two programs with other callbacks
+    can have the same text. Compiled every time, never kept."""
+    compile_counts[kind] += 1
+    digest = hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
+    return _store.Program(lowered.compile(), digest)
+
+
+def _load_or_compile(
+    kind: str, lowered: Any, text: str, key: str, devices: list | None
+) -> _store.Program:
+    """The program from the cache folder, or compiled by XLA (and then stored there).
+
+    Programs whose arguments are not all on one mesh are not stored (their devices are
+    not known before compiling)."""
+    digest = hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
+    if devices is not None:
+        loaded = _store.load(key, devices)
         if loaded is not None:
-            if on_traced is not None:
-                on_traced(loaded.out_info)
-            return loaded
-    with TRACE_LOCK:
-        traced = program.trace(*args)
-    if on_traced is not None:
-        on_traced(traced.out_info)
-    lowered = traced.lower()
-    digest = hashlib.blake2b(lowered.as_text().encode(), digest_size=20).hexdigest()
+            load_counts[kind] += 1
+            return _store.Program(loaded, digest)
     executable, fresh = _store.compile_fresh(lowered)
-    compiled = _store.Program(executable, digest)
-    if name is not None and fresh:  # (JAX's cache served it: it stays there)
-        _store.save(name, compiled, devices)
-    return compiled
+    compile_counts[kind] += 1
+    program = _store.Program(executable, digest)
+    if devices is not None and fresh:  # (JAX's cache served it: it stays there)
+        _store.save(key, program, devices)
+    return program
 
 
 def mesh_devices(args: Any) -> list | None:
@@ -164,9 +202,9 @@ def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     force, there is no thread-safe way to compile it elsewhere: the caller compiles on its
     own thread. ``log_compiles`` is carried over.
     """
-    context = trace_settings()
+    context = _store.trace_settings()
     fresh: list[Any] = []
-    probe = threading.Thread(target=lambda: fresh.append(trace_settings()))
+    probe = threading.Thread(target=lambda: fresh.append(_store.trace_settings()))
     probe.start()
     probe.join()
     if fresh[0] != context:

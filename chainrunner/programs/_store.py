@@ -6,23 +6,20 @@ folder (``~/.cache/chainrunner`` on Linux, ``~/Library/Caches/chainrunner`` on m
 ``cr.set_cache(False)``) turns it off. Two kinds of entries:
 
 - ``programs/``: compiled executables (``jax.experimental.serialize_executable``) with the
-  trees of their arguments and results and the digest of the program's text, stored
-  **by identity** where the kernel has one that means the same in every process
-  (``Kernel.identity``: a fingerprint of the model or log density, its data and
-  options), with the program's layout and argument shapes: a hit skips tracing, lowering
-  and compiling. Programs that call a custom kernel (LAPACK's ``eigh``, ``qr``,
-  ``cholesky``, ...) are not stored so: measured, such an executable loaded in a new
-  process crashed it (jaxlib sets its LAPACK kernels up when it lowers them).
+  trees of their arguments and results and the digest of the program's text, stored by
+  the program's key (``_compile.program_key``: a digest of the lowered program, its
+  argument and result trees, its devices and ``environment()``). A process traces and
+  lowers its program, then finds the compiled code here instead of compiling it.
+  Programs that call back into Python are never stored (``calls_python``).
 - ``jax/``: JAX's own persistent compilation cache, turned on for the duration of each
-  ``run`` (``jax_cache``) unless you configured one: every other program (a PyMC model,
-  a kernel holding objects without a fingerprint, programs with custom kernels, warmup
-  programs) is traced and lowered, then found there by JAX's key of its text.
+  ``run`` (``jax_cache``) unless you configured one: the programs that are not stored in
+  ``programs/`` (warmups across chains, a program that JAX's cache served) are found
+  there by JAX's key of their text.
 
-``environment`` is part of every identity key: the versions of Python, jax, jaxlib,
-numpyro, blackjax and PyMC (and, for a library installed from a source folder, the
-times its files changed), a digest of chainrunner's own source, the devices (platform,
-kind, ids, the CPU's model and flags), ``XLA_FLAGS``, and JAX's settings that change a
-trace.
+``environment`` is part of every key: the versions of Python, jax and jaxlib, XLA's
+platform version, a digest of chainrunner's own source (the Python objects an entry's
+trees name), the devices (platform, kind, ids, the CPU's model and flags), ``XLA_FLAGS``,
+and JAX's settings that change a trace.
 
 ``programs/`` files are written atomically (a temporary file, then a rename), so
 processes sharing the folder never read half of one; each starts with a digest of its
@@ -47,16 +44,19 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
 from ..core._settings import trace_settings
 
-__all__ = ["Program", "folder", "jax_cache", "key", "load", "save", "set_cache", "trace_settings"]
+__all__ = [
+    "Program", "calls_python", "environment", "folder", "jax_cache", "load", "save", "set_cache",
+    "trace_settings",
+]  # fmt: skip
 
-_MAGIC = b"chainrunner-program-1\n"
+_MAGIC = b"chainrunner-program-2\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _OFF = ("0", "off", "false", "no")
 _lock = threading.Lock()
@@ -195,15 +195,13 @@ class Program:
         return self.executable.out_info
 
 
-def key(*parts: Any) -> str:
-    """The file name of an entry: a digest of ``parts`` and of ``environment()``."""
-    text = repr((environment(), parts))
-    return hashlib.blake2b(text.encode(), digest_size=24).hexdigest()
+def load(name: str, devices: list) -> Any:
+    """The executable stored under ``name`` for ``devices`` (the mesh's, in order: the key
+    names them too), or ``None`` (missing, off, damaged: dropped).
 
-
-def load(name: str, devices: list) -> Program | None:
-    """The program stored under ``name`` for ``devices`` (the mesh's, in order: the key
-    names them too), or ``None`` (missing, off, damaged: dropped)."""
+    The caller has lowered the program: jaxlib sets up the custom kernels it calls
+    (LAPACK's ``eigh``, ``qr``, ...) when it lowers them, before the executable is loaded.
+    """
     where = folder()
     if where is None:
         return None
@@ -219,13 +217,10 @@ def load(name: str, devices: list) -> Program | None:
 
         if entry["devices"] != [d.id for d in devices]:
             raise ValueError("compiled for other devices")
-        if not _set_up(entry.get("kernels", ())):
-            return None  # (a float64 kernel in a process without x64: kept for another)
-        compiled = serialize_executable.deserialize_and_load(
+        loaded = serialize_executable.deserialize_and_load(
             entry["executable"], entry["in_tree"], entry["out_tree"],
             execution_devices=devices,
         )  # fmt: skip
-        loaded = Program(compiled, entry["digest"])
     except Exception:  # damaged, or of a JAX that cannot read it: compiled anew
         _remove(path)
         return None
@@ -238,19 +233,12 @@ def load(name: str, devices: list) -> Program | None:
 
 def save(name: str, program: Program, devices: list) -> None:
     """Stores ``program`` (for ``devices``) under ``name`` (atomically), then prunes the
-    folder to its bound.
-
-    Not stored (JAX's persistent cache, ``jax_cache``, keeps it): a program that calls a
-    custom kernel (see the module's docstring), or that cannot be serialized (JAX's
-    ``serialize`` refuses some; trees of classes that cannot be pickled).
-    """
+    folder to its bound. Not stored: a program that cannot be serialized (JAX's
+    ``serialize`` refuses some; trees of classes that cannot be pickled)."""
     where = folder()
     if where is None or jax.process_count() > 1:
         return
     try:
-        kernels = sorted(set(_CUSTOM_CALL.findall(program.executable.as_text())))
-        if not all(_lapack_op(k) is not None for k in kernels):
-            return
         from jax.experimental import serialize_executable
 
         executable, in_tree, out_tree = serialize_executable.serialize(program.executable)
@@ -259,8 +247,6 @@ def save(name: str, program: Program, devices: list) -> None:
             "in_tree": in_tree,
             "out_tree": out_tree,
             "devices": [d.id for d in devices],
-            "digest": program.digest,
-            "kernels": kernels,
         }
         payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -277,54 +263,26 @@ def save(name: str, program: Program, devices: list) -> None:
     prune(where, max_bytes() // 2)
 
 
-_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
-_LAPACK_NAME = re.compile(r"lapack_([sdcz])(\w+?)_ffi$")
-_DTYPES = {"s": "float32", "d": "float64", "c": "complex64", "z": "complex128"}
-_set_up_done: set[tuple[str, str]] = set()
+_CALLBACK = re.compile(r'custom_call @"?\w*callback\w*"?')
 
 
-def _lapack_ops() -> dict[str, Callable]:
-    """LAPACK routine -> a JAX function whose lowering calls it."""
-    import jax.numpy as jnp
-    from jax.scipy.linalg import solve_triangular
+def calls_python(text: str) -> bool:
+    """Whether a lowered program calls back into Python (``jax.debug.print``,
+    ``jax.pure_callback``, ``io_callback``). Its text names each callback by a number
+    only, and the number means another function in another program or process: such a
+    program is never found by its text.
 
-    return {
-        "syevd": jnp.linalg.eigh, "heevd": jnp.linalg.eigh, "geqrf": jnp.linalg.qr,
-        "orgqr": jnp.linalg.qr, "ungqr": jnp.linalg.qr, "potrf": jnp.linalg.cholesky,
-        "trsm": lambda a: solve_triangular(a, a), "getrf": lambda a: jnp.linalg.solve(a, a),
-        "gesdd": jnp.linalg.svd,
-    }  # fmt: skip
-
-
-def _lapack_op(kernel: str) -> tuple[str, Callable] | None:
-    """``(dtype, function)`` that sets up LAPACK kernel ``kernel`` when lowered, or
-    ``None`` for a kernel that is not one of those (such a program is not stored)."""
-    found = _LAPACK_NAME.match(kernel)
-    if found is None or found.group(2) not in _lapack_ops():
-        return None
-    return _DTYPES[found.group(1)], _lapack_ops()[found.group(2)]
-
-
-def _set_up(kernels: Any) -> bool:
-    """Sets up the LAPACK kernels a stored program calls, before it is loaded.
-
-    jaxlib registers its LAPACK kernels with XLA when a program using them is *lowered*;
-    a stored program is loaded without lowering anything, and one calling an unregistered
-    kernel crashed the process (measured: ``eigh`` in a new process). Lowering a 2 x 2
-    instance of each (no compile, once per process) registers them. ``False`` where a
-    kernel needs a dtype this process cannot lower (float64 without ``jax_enable_x64``).
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> def f(x):
+        ...     jax.debug.print("{}", x)
+        ...     return x
+        >>> calls_python(jax.jit(f).lower(jnp.ones(2)).as_text())
+        True
+        >>> calls_python(jax.jit(jnp.sin).lower(jnp.ones(2)).as_text())
+        False
     """
-    import jax.numpy as jnp
-
-    for kernel in kernels:
-        dtype, fn = _lapack_op(kernel)
-        if (dtype, kernel) in _set_up_done:
-            continue
-        if dtype in ("float64", "complex128") and not jax.config.jax_enable_x64:
-            return False
-        jax.jit(fn).lower(jnp.eye(2, dtype=dtype))
-        _set_up_done.add((dtype, kernel))
-    return True
+    return _CALLBACK.search(text) is not None
 
 
 def _unpack(data: bytes) -> dict:
@@ -449,19 +407,14 @@ def _remove(path: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _process_environment() -> tuple:
-    """What this process's programs depend on besides the program: versions, sources,
-    the machine."""
-    from importlib import metadata
+    """What this process's programs depend on besides their text: the versions of Python,
+    jax and jaxlib, chainrunner's own source, the machine, ``XLA_FLAGS``."""
+    import jaxlib
 
-    versions = []
-    for name in ("jax", "jaxlib", "numpyro", "blackjax", "pymc", "pytensor", "numpy"):
-        try:
-            versions.append((name, metadata.version(name), _source_times(name)))
-        except metadata.PackageNotFoundError:
-            versions.append((name, None, None))
     return (
         sys.version,
-        tuple(versions),
+        jax.__version__,
+        getattr(jaxlib, "__version__", None),
         _own_source(),
         platform.machine(),
         _cpu(),
@@ -470,8 +423,8 @@ def _process_environment() -> tuple:
 
 
 def environment() -> tuple:
-    """``_process_environment`` and what may change within a process: the devices and
-    the JAX settings that change a trace (``x64`` and the like)."""
+    """``_process_environment`` and what may change within a process: the devices, XLA's
+    version (the client's), and the JAX settings that change a trace."""
     devices = jax.devices()
     device = devices[0]
     return (
@@ -482,28 +435,6 @@ def environment() -> tuple:
         tuple(d.id for d in devices),
         trace_settings(),
     )
-
-
-@functools.lru_cache(maxsize=16)
-def _source_times(distribution: str) -> Any:
-    """For a library installed from a source folder (``pip install -e``): when its
-    Python files last changed (its version does not change when they do)."""
-    import importlib.util
-    import sysconfig
-
-    spec = importlib.util.find_spec(distribution)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = next(iter(spec.submodule_search_locations))
-    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    if any(root.startswith(p) for p in installed):
-        return None
-    latest = 0
-    for base, _, files in os.walk(root):
-        for name in files:
-            if name.endswith(".py"):
-                latest = max(latest, os.stat(os.path.join(base, name)).st_mtime_ns)
-    return latest
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...core._fingerprint import FingerprintCache, stable_digest
 from ...core._kernel import Adapter, Kernel
 from ...layout import _distributed
 from . import _adaptations, _nuts_fsm, _warmup_fisher, _warmup_tuned
@@ -28,11 +27,6 @@ from ._warmup_tuned import Tuned, TunedAdaptation
 from ._warmup_window import WindowAdaptation, WindowState
 
 __all__ = ["ADAPTATIONS", "adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
-
-# Kernels are cached on the fingerprint of what they wrap (core/_fingerprint.py), so that
-# passing the same blackjax algorithm twice, or a new one built from the same log density
-# and parameters, reuses the same Kernel and hence the same compiled programs.
-_ADAPTED = FingerprintCache(64)
 
 
 def is_sampling_algorithm(obj: Any) -> bool:
@@ -138,16 +132,16 @@ def from_blackjax(
         **options: the adaptation's options (above).
 
     Returns:
-        A ``Kernel``; the same one for the same algorithm object, so repeated runs
-        reuse the compiled program. With ``adaptation``: an object ``cr.run`` accepts
-        as a kernel, the same one for the same arguments.
+        A ``Kernel``. With ``adaptation``: an object ``cr.run`` accepts as a kernel. A
+        new object of the same computation (a notebook cell run again) compiles nothing
+        again: compiled programs are found by what they compute (``docs/compilation.md``).
 
     Examples:
         >>> import blackjax, jax.numpy as jnp
         >>> import chainrunner as cr
         >>> nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(2))
         >>> kernel = cr.from_blackjax(nuts)
-        >>> kernel is cr.from_blackjax(nuts)
+        >>> kernel.step is nuts.step
         True
         >>> import jax
         >>> adaptive = cr.from_blackjax(blackjax.nuts, adaptation="window",
@@ -178,15 +172,12 @@ def from_blackjax(
             f"{type(algorithm).__name__}."
         )
 
-    def build(alg):
-        def init(position, rng_key):
-            return alg.init(position, rng_key)
+    def init(position, rng_key):
+        return algorithm.init(position, rng_key)
 
-        spec = _nuts_fsm.nuts_spec(alg)
-        machine = None if spec is None else functools.partial(_nuts_fsm.chunk_machine, spec)
-        return Kernel(init=init, step=alg.step, machine=machine)
-
-    return _ADAPTED.get(("blackjax", algorithm), lambda: build(algorithm))
+    spec = _nuts_fsm.nuts_spec(algorithm)
+    machine = None if spec is None else functools.partial(_nuts_fsm.chunk_machine, spec)
+    return Kernel(init=init, step=algorithm.step, machine=machine)
 
 
 _DEFAULTS = {
@@ -213,8 +204,6 @@ _DEFAULTS = {
     },
 }
 
-_OBJECTS = FingerprintCache(64)
-
 
 def from_blackjax_adaptive(
     algorithm: Any, *, logdensity_fn: Callable | None, adaptation: Any, **options: Any
@@ -230,8 +219,7 @@ def from_blackjax_adaptive(
 
     Returns:
         A ``WindowAdaptation``, ``CrossChainAdaptation``, ``PooledFisherAdaptation`` or
-        ``TunedAdaptation``; the same
-        object for the same arguments, so repeated runs reuse the compiled programs.
+        ``TunedAdaptation``.
 
     Raises:
         ValueError, TypeError: for an unknown adaptation, a missing ``logdensity_fn``,
@@ -242,8 +230,8 @@ def from_blackjax_adaptive(
         >>> from chainrunner.adapters._blackjax import from_blackjax_adaptive
         >>> f = lambda x: -0.5 * jnp.sum(x**2)
         >>> a = from_blackjax_adaptive(blackjax.nuts, logdensity_fn=f, adaptation="window")
-        >>> a is from_blackjax_adaptive(blackjax.nuts, logdensity_fn=f, adaptation="window")
-        True
+        >>> type(a).__name__
+        'WindowAdaptation'
     """
     where = "from_blackjax"
     name = _adaptations.name_of(adaptation, where)
@@ -254,15 +242,7 @@ def from_blackjax_adaptive(
             f"{logdensity_fn!r}."
         )
     opts = _checked_options(name, algorithm, options, where)
-    token = adaptation if name == "built" else name
-    source = ("adaptive", algorithm, logdensity_fn, token, opts)
-
-    def build() -> Adapter:
-        adapter = _build(name, algorithm, logdensity_fn, adaptation, opts)
-        adapter.identity = stable_digest(source)
-        return adapter
-
-    return _OBJECTS.get(source, build)
+    return _build(name, algorithm, logdensity_fn, adaptation, opts)
 
 
 def _checked_options(name: str, algorithm: Any, options: dict, where: str) -> dict:

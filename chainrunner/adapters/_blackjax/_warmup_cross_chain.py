@@ -39,7 +39,6 @@ from ...core._kernel import (
     default_logdensity,
     library_attrs,
 )
-from ...core._lru import LRU
 from ...layout import _distributed, _mesh
 from ._warmup_sharded import METHODS, Shape, chees_jitter, run_program
 from ._warmup_sharded import program as sharded_program
@@ -158,7 +157,6 @@ class CrossChainAdaptation(Adapter):
         else:
             init, step = _ghmc_functions(logdensity_fn, self.options["divergence_threshold"])
         self._functions = (init, step, _extract, default_logdensity)
-        self._programs = LRU(16)
 
     def __repr__(self) -> str:
         return f"CrossChainAdaptation({self.adaptation!r}, {self.options})"
@@ -270,8 +268,7 @@ class CrossChainAdaptation(Adapter):
             method = METHODS[self.adaptation]
             return sharded_program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
 
-        program = self._programs.get(shape, build)
-        return run_program(program, r.rng_key, r.state, r.num_chains, r.mesh)
+        return run_program(build(), r.rng_key, r.state, r.num_chains, r.mesh)
 
 
 def _adapted_attrs(adaptation: str, params: dict) -> dict[str, Any]:

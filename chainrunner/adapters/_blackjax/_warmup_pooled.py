@@ -39,7 +39,6 @@ from ...core._kernel import (
     default_logdensity,
     library_attrs,
 )
-from ...core._lru import LRU
 from ...layout import _mesh
 from ._warmup_fisher import (
     LOW_RANK_OPTIONS,
@@ -210,7 +209,6 @@ class PooledFisherAdaptation(Adapter):
         self._functions = _sampling_functions(
             algorithm, logdensity_fn, self._extra, self._low_rank, self.options
         )
-        self._programs = LRU(16)
 
     def __repr__(self) -> str:
         name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
@@ -304,9 +302,8 @@ class PooledFisherAdaptation(Adapter):
             method = pooled_method(self.algorithm, self._extra, self._low_rank)
             return sharded_program(method, self.logdensity_fn, self.options, shape, _POOLED_SALT)
 
-        program = self._programs.get(shape, build)
         new_state, params, draws, stats = run_program(
-            program, r.rng_key, r.state, r.num_chains, r.mesh
+            build(), r.rng_key, r.state, r.num_chains, r.mesh
         )
         attrs = {"adaptation": self.adaptation, "adaptation_pooled": 1,
                  "adapted_step_size": float(params["step_size"])}  # fmt: skip

@@ -33,6 +33,7 @@ from jax.flatten_util import ravel_pytree
 
 from ...core._naming import warmup_stats
 from ...layout import _collective, _distributed, _mesh
+from ...programs._compile import compiled
 
 Rows = Callable[[Callable, Any], Any]
 
@@ -335,7 +336,7 @@ def run_program(program: Callable, rng_key: jax.Array, state: Any, num_chains: i
     once (every device returns the same copy), the draws and stats on the host, cut to the
     ``num_chains`` real chains (``None`` unless kept)."""
     key, state = _mesh.replicate(rng_key, mesh), _mesh.replicate(state, mesh)
-    new_state, params, draws, stats = program(key, state)
+    new_state, params, draws, stats = compiled("warmup", program, (key, state))[0](key, state)
     params = jax.tree.map(lambda x: x[0], _distributed.to_host(params))
     if draws is not None:
         kept = _distributed.to_host((draws, stats))

@@ -34,9 +34,9 @@ from ...core._kernel import (
     default_logdensity,
     library_attrs,
 )
-from ...core._lru import LRU
 from ...core._naming import info_stats
 from ...layout import _distributed, _mesh
+from ...programs._compile import compiled
 from ...programs._programs import chain_key_pair
 
 
@@ -244,7 +244,6 @@ class TunedAdaptation(Adapter):
     def __init__(self, family: Family, logdensity_fn: Callable):
         self.family = family
         self._kernel = tuned_kernel(family, logdensity_fn)
-        self._programs = LRU(16)
 
     def __repr__(self) -> str:
         return f"TunedAdaptation({self.family.name!r})"
@@ -268,9 +267,10 @@ class TunedAdaptation(Adapter):
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         b, _ = _mesh.auto_batch_size(r.batch_size, r.mesh, r.num_chains)
         shape = (r.mesh, b, r.num_warmup, bool(r.keep_warmup))
-        program = self._programs.get(shape, lambda: tune_program(self.family, *shape))
         chains = _mesh.place(_mesh.chain_ids(r.num_chains, padded), r.mesh)
-        state, kept = program(r.state, chains, _mesh.replicate(r.rng_key, r.mesh))
+        args = (r.state, chains, _mesh.replicate(r.rng_key, r.mesh))
+        program, _ = compiled("warmup", tune_program(self.family, *shape), args)
+        state, kept = program(*args)
         draws = stats = None
         if kept is not None:
             draws, stats = jax.tree.map(lambda x: x[: r.num_chains], _distributed.to_host(kept))

@@ -10,7 +10,8 @@ import jax
 from jax.sharding import Mesh
 
 from ..core._checks import check_batch_size, check_mesh, leading_size
-from . import _distributed, _mesh
+from ..layout import _distributed, _mesh
+from ._compile import compiled, signature
 
 
 def chain_map(
@@ -26,6 +27,13 @@ def chain_map(
     can be faster for samplers with data-dependent loops. Any number of chains
     works: they are padded on the host by repeating the last chain and the outputs
     are sliced back.
+
+    Compiled once: the first call with arguments of new shapes traces ``fn`` and finds
+    its compiled program by what it computes (``docs/compilation.md``), so a new
+    ``chain_map`` of the same function (a notebook cell run again, numpyro's ``MCMC``
+    with ``chain_method=cr.chain_map``) or a new process compiles nothing again. Later
+    calls of the same mapped function with arguments of those shapes run that program
+    without tracing, as ``jax.jit`` does.
 
     Args:
         fn: a function of per-chain arguments (no chain axis).
@@ -57,7 +65,7 @@ def chain_map(
     if mesh is not None:
         check_mesh(mesh, "chain_map")
     batch_size = check_batch_size(batch_size, "chain_map")
-    compiled: dict[tuple, Callable] = {}
+    programs: dict[tuple, Callable] = {}  # (layout, signature) -> compiled program
 
     @functools.wraps(fn)
     def mapped(*args, **kwargs):
@@ -73,12 +81,13 @@ def chain_map(
         m = mesh if mesh is not None else _default_mesh(n)
         _distributed.check_mesh_spans_processes(m, "chain_map")
         layout = _mesh.make_layout(n, m, _mesh.auto_batch_size(batch_size, m, n)[0])
-        key = (m, len(args), names, layout.batch_size)
-        if key not in compiled:
-            local = _mesh.local_map(_positional(fn, len(args), names), layout.batch_size)
-            compiled[key] = _mesh.shard_chains(lambda *a: local(a), m, len(flat))
         placed = _mesh.place(_mesh.pad(flat, n, layout.padded), m)
-        out = compiled[key](*placed)
+        key = (m, len(args), names, layout.batch_size, signature(placed))
+        if key not in programs:
+            local = _mesh.local_map(_positional(fn, len(args), names), layout.batch_size)
+            program = _mesh.shard_chains(lambda *a: local(a), m, len(flat))
+            programs[key] = compiled("chain_map", program, placed)[0]
+        out = programs[key](*placed)
         return _mesh.unpad(out, n, layout.padded, m)
 
     return mapped
