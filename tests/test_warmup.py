@@ -229,10 +229,6 @@ def test_errors():
     )
     with pytest.raises(ValueError, match="num_folds=4 must divide"):
         cr.run(bad, jax.random.key(0), START6, 10, num_warmup=10, progress=False)
-    assert (
-        cr.from_blackjax(blackjax.nuts, logdensity_fn=small_logdensity, adaptation="window")
-        is WINDOW
-    )
 
 
 def test_keep_with_a_cross_chain_warmup():

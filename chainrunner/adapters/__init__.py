@@ -154,7 +154,7 @@ def from_pymc(
         >>> with pm.Model() as model:
         ...     x = pm.Normal("x")
         >>> kernel = cr.from_pymc(model)
-        >>> kernel is cr.from_pymc(model)
+        >>> kernel.model is model
         True
         >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
     """

@@ -64,7 +64,8 @@ def check(plan: Any, num_walkers: int) -> None:
 
 def draw_shape(kernel: Kernel, extract_of: Callable, position: Any, state: Any, n: int) -> Any:
     """Shape structs of one walker's draw and stats, from an abstract trace of the ensemble's
-    init (where ``state``, its ``n`` rows, is ``None``), one step and the walker's extract.
+    init (where ``state`` is ``None``) or of ``state``'s first ``n`` rows, one step and the
+    walker's extract.
 
     The log densities are mapped with a plain ``vmap`` here: how they are spread over the
     devices changes no shape.
@@ -75,7 +76,10 @@ def draw_shape(kernel: Kernel, extract_of: Callable, position: Any, state: Any, 
         return jax.vmap(fn)(xs)
 
     def probe(position, state, params):
-        whole = ens.init(position, key, n, params, evaluate) if state is None else ens.whole(state)
+        if state is None:
+            whole = ens.init(position, key, n, params, evaluate)
+        else:  # the real walkers only: a placed state carries the mesh's padding rows
+            whole = ens.whole(jax.tree.map(lambda x: x[:n], state))
         if ens.prepare is not None:
             ens.prepare(whole, params, evaluate)
         whole, info = ens.step(whole, params, evaluate)
