@@ -72,7 +72,7 @@ def test_start_place_schedule_and_describe():
         12,
         5,
         1,
-        None,
+        False,
     )
     from chainrunner.pipeline._run import Run, describe
 

@@ -98,6 +98,47 @@ def test_a_global_of_the_users_own_module(tmp_path, monkeypatch):
     assert abs(zero) < 2 and abs(seven - 7) < 2 and compiled >= 1
 
 
+def test_a_large_constant_changed_in_its_middle_at_any_depth():
+    """A jaxpr's text does not show its constants' values (numpy prints a long array with
+    an ellipsis): the in-process key reads them, nested jaxprs' included."""
+    c = np.zeros(3000, np.float32)
+
+    def flat(x):
+        return -0.5 * jnp.sum((x - jnp.asarray(c)[1500:1503]) ** 2)
+
+    def nested(x):
+        mu = jax.lax.cond(x[0] < 1e9, lambda: jnp.asarray(c)[1500:1503], lambda: jnp.zeros(3))
+        return -0.5 * jnp.sum((x - mu) ** 2)
+
+    for logdensity in (flat, nested):
+        c[:] = 0.0
+        zero, _ = _mean_and_compiles(logdensity)
+        c[1500:1503] = 5.0  # changed in place, in the middle
+        five, compiled = _mean_and_compiles(logdensity)
+        assert abs(zero) < 2 and abs(five - 5) < 2 and compiled >= 1
+
+
+def test_the_jaxpr_digest_sees_values_and_refuses_what_it_cannot_see():
+    from chainrunner.programs import _jaxpr
+
+    def digest(f, *args):
+        return _jaxpr.digest(jax.jit(f).trace(*args).jaxpr)
+
+    x = jnp.ones(3)
+    key = jax.random.key(1)
+    assert digest(lambda x: x + 1.0, x) == digest(lambda x: x + 1.0, x)
+    assert digest(lambda x: x + 1.0, x) != digest(lambda x: x + 1.0000001, x)
+    in_scan = [  # a constant of a loop's body
+        digest(lambda x: jax.lax.scan(lambda c, _: (c + jnp.asarray(v), None), x, length=2)[0], x)
+        for v in (np.arange(3.0, dtype=np.float32), np.arange(3.0, dtype=np.float32) + 1)
+    ]
+    assert in_scan[0] != in_scan[1]
+    keys = [digest(lambda x: x + jax.random.normal(k, (3,)), x) for k in (key, jax.random.key(2))]
+    assert keys[0] is not None and keys[0] != keys[1]  # a key closed over: its bits
+    assert digest(lambda x: jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((3,),
+                  jnp.float32), x), x) is None  # fmt: skip
+
+
 def test_another_mesh_or_devices_is_another_program():
     _, _ = _mean_and_compiles(_scaled(1.5), mesh=cr.chain_mesh(2))
     _, same = _mean_and_compiles(_scaled(1.5), mesh=cr.chain_mesh(2))
@@ -175,10 +216,11 @@ def test_a_new_kernel_object_of_the_same_model_compiles_nothing():
     """A notebook cell run again: cr.from_numpyro(NUTS(model), ...) written in it."""
     first = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=DATA, model_kwargs=Y),
                    jax.random.key(0), None, 50, **KW)  # fmt: skip
-    before = dict(_compile.compile_counts)
+    before, lowered = dict(_compile.compile_counts), dict(_compile.lower_counts)
     again = cr.run(cr.from_numpyro(NUTS(eight_schools), model_args=DATA, model_kwargs=Y),
                    jax.random.key(0), None, 50, **KW)  # fmt: skip
     assert _compile.compile_counts == before
+    assert _compile.lower_counts == lowered  # the same jaxprs: not even lowered again
     assert np.array_equal(first.draws["mu"], again.draws["mu"])
     # blackjax: a new algorithm object from the same log density and parameters
     _, _ = _mean_and_compiles(_scaled(1.0))

@@ -38,10 +38,11 @@ class Schedule(NamedTuple):
         first_step: global number of the loop's first kernel step.
         warmup_draws: leading draws of the loop that are warmup (0 after a cross-chain warmup).
         total_draws: draws the loop runs (warmup and kept), ``steps // thinning``.
-        chunk_len: draws per compiled call (the rows of the chunk program's outputs).
+        chunk_len: draws per compiled call (the rows of the chunk program's outputs);
+            where ``fit``, the most: the chunk program fits them to the draw's size
+            (``_programs.chunk_program``), and its compiled ``Chunks.sched`` says them.
         thinning: kernel steps per draw.
-        draw: one chain's draw as shape structs, where a longer chunk was fitted to it
-            (the chunk program then needs no trace of its own to size its buffers).
+        fit: whether the rows are still to be fitted to the draw's size.
     """
 
     first_step: int
@@ -49,7 +50,7 @@ class Schedule(NamedTuple):
     total_draws: int
     chunk_len: int
     thinning: int = 1
-    draw: Any = None
+    fit: bool = False
 
     def after_burn_in(self, loop_draws: int, sample_draws: int) -> Schedule:
         """The sampling loop after ``warmup_until``'s burn-in ran ``loop_draws`` draws:
@@ -70,9 +71,10 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
     (``QUIET_STEPS``), or, where a progress bar may show (``progress`` not ``False``),
     an eighth of it (``BAR_UPDATES``: the bar moves at least 8 times); a continued
     trace's chunk, if longer: its program again. Fewer draws (not under 250) where a
-    device's outputs would pass ``QUIET_CHUNK_BYTES``: the draw's size comes from an
-    abstract trace of ``kernel`` on ``state`` (or ``start.position`` where ``state`` is
-    ``None``; ``_programs.draw_shape``), before anything compiles. Every boundary costs a
+    device's outputs would pass ``QUIET_CHUNK_BYTES``: the chunk program's own trace of
+    one step gives the draw's size (``fit``; an ensemble's from an abstract trace of
+    ``kernel`` on ``state``, ``_programs.draw_shape``), before anything compiles. Every
+    boundary costs a
     short run a millisecond or more (``docs/long-runs.md``). Whether a terminal is
     attached never changes the chunks, so a notebook, a terminal and a pipe compile the
     same programs.
@@ -80,23 +82,24 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
     loop_warmup = 0 if start.cross_chain else plan.num_warmup
     total = (loop_warmup + plan.num_samples) // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
-    chunk_len, draw = grid, None
+    chunk_len, fit = grid, False
     if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
         holds = total if plan.progress is False else -(-total // BAR_UPDATES)
         cap = next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
         cap = max(cap, start.previous_chunk_size or 0)
-        chunk_len = cap
-        if cap > grid:
+        chunk_len, fit = cap, cap > grid
+        if fit and kernel.ensemble is not None:  # (its program takes the rows as given)
             position = start.position if state is None else None
             draw = draw_shape(kernel, plan.keep, position, state, layout.num_chains)
             chunk_len = fitted_rows(cap, DEFAULT_CHUNK_SIZE, layout.per_device, draw)
+            fit = False
     return Schedule(
         first_step=start.first_step + plan.num_warmup - loop_warmup,
         warmup_draws=loop_warmup // plan.thinning,
         total_draws=total,
         chunk_len=chunk_len,
         thinning=plan.thinning,
-        draw=draw,
+        fit=fit,
     )
 
 
@@ -121,14 +124,16 @@ def compile_loop(
     mesh), compiled and bound to the run's chains, key and ``params``; seconds spent."""
     mesh, b = placed.mesh, placed.layout.batch_size
     zero = chunk_scalars(0, 0, mesh)
-    n = placed.layout.num_chains
+    n, least = placed.layout.num_chains, DEFAULT_CHUNK_SIZE if sched.fit else None
     program, seconds = compiled(
         "chunk",
-        chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, sched.draw),
+        chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, least),
         (state, placed.chains, placed.key, *zero, params),
         on_traced,
     )
-    return Chunks(program, placed, params, sched, signature((state, params))), seconds
+    rows = [x.shape[1] for x in jax.tree.leaves(program.out_info[1])]
+    fitted = sched._replace(chunk_len=rows[0] if rows else sched.chunk_len, fit=False)
+    return Chunks(program, placed, params, fitted, signature((state, params)), sched), seconds
 
 
 class Chunks(NamedTuple):
@@ -141,13 +146,14 @@ class Chunks(NamedTuple):
     program: Any
     placed: Any
     params: Any
-    sched: Schedule
+    sched: Schedule  # with the program's rows (fitted)
     signature: tuple
+    asked: Schedule  # the schedule it was compiled for
 
     def compiled_for(self, sched: Schedule, state: Any, params: Any) -> bool:
         """Whether this program runs ``sched`` from ``state`` with ``params`` (the same
         shapes, dtypes and shardings: a state's shape structs say it too)."""
-        return sched == self.sched and signature((state, params)) == self.signature
+        return sched == self.asked and signature((state, params)) == self.signature
 
     def __call__(self, state: Any, first_step: int, count: int) -> tuple[Any, Any]:
         p = self.placed

@@ -242,6 +242,7 @@ def run(
             warm = _warm_up(ctx, init.state, bar)
             sched = _schedule(ctx, warm)
             chunks, compile_time = _compile(ctx, sched, warm, ahead)
+            sched = chunks.sched  # (a longer chunk's rows, fitted to the draw's size)
         warm, sched = _burn_in(ctx, sched, warm, chunks, bar)
         sampled = _sample(ctx, sched, warm, chunks, bar)
         trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)

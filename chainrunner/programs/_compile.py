@@ -30,10 +30,13 @@ import numpy as np
 
 from ..core._lru import LRU
 from ..core._threads import Background
-from . import _store
+from . import _jaxpr, _store
 
 CACHE_SIZE = 32
 _EXECUTABLES = LRU(CACHE_SIZE)
+# A jaxpr's digest (``_traced_key``) -> the key of what it lowered to, in this process:
+# the same trace again (a notebook cell run again) skips lowering.
+_BY_TRACE = LRU(4 * CACHE_SIZE)
 _PENDING: dict[str, threading.Event] = {}  # executables being compiled, by key
 _PENDING_LOCK = threading.Lock()
 
@@ -45,6 +48,7 @@ TRACE_LOCK = threading.Lock()
 # check the promises "compiles nothing" and "loads instead of compiling".
 compile_counts: collections.Counter = collections.Counter()
 load_counts: collections.Counter = collections.Counter()
+lower_counts: collections.Counter = collections.Counter()  # (the same trace again: none)
 
 
 def signature(args: Any) -> tuple:
@@ -91,22 +95,48 @@ def compiled(
         traced = program.trace(*args)
     if on_traced is not None:
         on_traced(traced.out_info)
+    devices = mesh_devices(args)
+    by_trace = _traced_key(traced, args, devices)
+    found, key = _BY_TRACE.lookup(by_trace) if by_trace is not None else (False, None)
+    found, executable = _EXECUTABLES.lookup(key) if found else (False, None)
+    if found:  # this process lowered the very same trace before: no lowering again
+        return executable, time.perf_counter() - t0
+    executable, key = _lower_and_find(kind, traced, args, devices)
+    if by_trace is not None and key is not None:
+        _BY_TRACE.put(by_trace, key)
+    return executable, time.perf_counter() - t0
+
+
+def _lower_and_find(
+    kind: str, traced: Any, args: tuple, devices: list | None
+) -> tuple[_store.Program, str | None]:
+    """``traced`` lowered, and its executable found by ``program_key`` (in this process,
+    the cache folder, or compiled), with that key (``None`` for a program never kept)."""
+    lower_counts[kind] += 1
     lowered = traced.lower()
     text = lowered.as_text()
-    devices = mesh_devices(args)
     if _store.calls_python(text):  # its callbacks are not in the text: never shared
-        return _compile_only(kind, lowered, text), time.perf_counter() - t0
+        return _compile_only(kind, lowered, text), None
     key = program_key(text, args, traced.out_info, devices)
     executable, pending = _claim(key)
     if pending is None:
-        return executable, time.perf_counter() - t0
+        return executable, key
     try:
         executable = _EXECUTABLES.put(key, _load_or_compile(kind, lowered, text, key, devices))
     finally:
         with _PENDING_LOCK:
             del _PENDING[key]
         pending.set()
-    return executable, time.perf_counter() - t0
+    return executable, key
+
+
+def _traced_key(traced: Any, args: tuple, devices: list | None) -> str | None:
+    """A key for this process of a traced program (``_jaxpr.digest`` of its jaxpr, with
+    the key's other parts), or ``None`` where the jaxpr cannot be keyed."""
+    digest = _jaxpr.digest(traced.jaxpr)
+    if digest is None:
+        return None
+    return program_key(digest, args, traced.out_info, devices)
 
 
 def program_key(text: str, args: Any, out_info: Any, devices: list | None) -> str:

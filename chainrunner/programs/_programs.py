@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh
 
 from ..core._kernel import Kernel
@@ -73,8 +74,56 @@ def fitted_rows(cap: int, least: int, chains: int, out_shape: Any) -> int:
     return max(min(cap, least), min(cap, QUIET_CHUNK_BYTES // per_draw))
 
 
+class StepTrace(NamedTuple):
+    """One draw of one chain (``thinning`` kernel steps, then the extract), traced once:
+    ``replay(state, keys) -> (state, (draws, stats))`` replays that trace (no second
+    trace of the kernel's Python code), and ``draw`` is one draw's shape structs."""
+
+    replay: Callable
+    draw: Any
+
+
+def advance_fn(kernel: Kernel, thinning: int) -> Callable:
+    """``advance(state, keys) -> (state, (draws, stats))``: ``thinning`` kernel steps with
+    ``keys`` (one per step), then the kernel's extract."""
+
+    def one_step(keys, j, state):
+        return kernel.step(keys[j], state)[0]
+
+    def advance(state, keys):
+        if thinning > 1:
+            state = jax.lax.fori_loop(0, thinning - 1, functools.partial(one_step, keys), state)
+        state, info = kernel.step(keys[thinning - 1], state)
+        return state, kernel.extract(state, info)
+
+    return advance
+
+
+def trace_step(kernel: Kernel, thinning: int, state: Any, key: Any) -> StepTrace:
+    """``advance_fn``'s one draw traced to a jaxpr for one chain of ``state`` (leading
+    chain axis; arrays, tracers or shape structs), with keys like ``key``.
+
+    Works inside another trace: what the kernel closes over (its params) becomes the
+    jaxpr's constants, replayed as they are.
+    """
+
+    def struct(x: Any, shape: tuple) -> jax.ShapeDtypeStruct:
+        aval = getattr(x, "aval", x)
+        return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+    one = jax.tree.map(lambda x: struct(x, np.shape(x)[1:]), state)
+    keys = struct(key, (thinning,))
+    closed, shape = jax.make_jaxpr(advance_fn(kernel, thinning), return_shape=True)(one, keys)
+    fun, tree = jaxpr_as_fun(closed), jax.tree.structure(shape)
+
+    def replay(state, keys):
+        return jax.tree.unflatten(tree, fun(*jax.tree.leaves((state, keys))))
+
+    return StepTrace(replay, shape[1])
+
+
 def chunk_loop(
-    kernel: Kernel, chunk_len: int, thinning: int, draw: Any = None
+    kernel: Kernel, chunk_len: int, thinning: int, step: StepTrace | None = None
 ) -> Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[Any, tuple[Any, dict]]]:
     """The inference loop of one chain for one chunk of at most ``chunk_len`` draws.
 
@@ -86,8 +135,8 @@ def chunk_loop(
     chain, so under ``vmap`` it stays one loop); the outputs keep ``chunk_len`` rows
     and the rest are zeros. One compiled program thus serves every chunk, including
     a shorter last one, with no per-step branch (a ``lax.cond`` per draw measured
-    ~17% slower for NUTS on CPU). ``draw``: one draw's shape structs where they are known
-    already (``draw_shape``), else they come from an abstract trace of one step here.
+    ~17% slower for NUTS on CPU). ``step``: the draw already traced (``trace_step``),
+    replayed here; else the step is traced here (twice: its shape, then the loop).
     """
 
     def step_keys(step_key, first, n):
@@ -95,19 +144,13 @@ def chunk_loop(
         # bits as one fold_in per step, without a hash (a small loop on CPU) in every step.
         return jax.vmap(jax.random.fold_in, (None, 0))(step_key, first + jnp.arange(n))
 
-    def advance(state, keys):
-        def one(j, s):
-            return kernel.step(keys[j], s)[0]
-
-        if thinning > 1:
-            state = jax.lax.fori_loop(0, thinning - 1, one, state)
-        state, info = kernel.step(keys[thinning - 1], state)
-        return state, kernel.extract(state, info)
+    advance = advance_fn(kernel, thinning) if step is None else step.replay
 
     def loop(state, step_key, start, n_valid):
-        out_shape = draw
-        if out_shape is None:
+        if step is None:
             out_shape = jax.eval_shape(advance, state, step_keys(step_key, start, thinning))[1]
+        else:
+            out_shape = step.draw
         # Without thinning, the chunk's keys at once (one per row: less memory than its
         # draws); with thinning, each draw's keys.
         chunk_keys = step_keys(step_key, start, chunk_len) if thinning == 1 else None
@@ -266,13 +309,16 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
 
 def chunk_program(
     kernel: Kernel, mesh: Mesh, batch_size: int | None, chunk_len: int, thinning: int, keep: Any,
-    n: int, draw: Any = None,
+    n: int, least: int | None = None,
 ) -> Callable:  # fmt: skip
     """``(state, chain, rng_key, start, n_valid, params) -> (state, (draws, stats))``.
 
-    The outputs have ``chunk_len`` rows per chain (``_loop.schedule`` decides them, before
-    anything compiles). ``n`` is the number of real chains; an ensemble's program depends
-    on it. ``draw``: one chain's draw as shape structs, where ``draw_shape`` traced it.
+    The outputs have ``chunk_len`` rows per chain, or, where ``least`` is given, as many
+    as fit ``QUIET_CHUNK_BYTES`` per device (``fitted_rows``, never under ``least``): the
+    one trace of the step (``trace_step``) gives the draw's size, and the loop replays
+    it. So the rows follow from the call's shapes alone, before anything compiles; the
+    program's outputs say them (``_loop.compile_loop``). ``n`` is the number of real
+    chains; an ensemble's program depends on it.
     """
     if kernel.ensemble is not None:
         return _ensemble.chunk_program(
@@ -282,7 +328,12 @@ def chunk_program(
 
     def sample_chunk(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
-        loop = chunk_loop(apply_keep(kernel.bind(params), keep), chunk_len, thinning, draw)
+        k = apply_keep(kernel.bind(params), keep)
+        step = trace_step(k, thinning, state, rng_key)
+        rows = chunk_len
+        if least is not None:
+            rows = fitted_rows(chunk_len, least, jax.tree.leaves(state)[0].shape[0], step.draw)
+        loop = chunk_loop(k, rows, thinning, step)
 
         def one_chain(args):
             state, chain = args
