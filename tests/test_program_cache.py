@@ -129,11 +129,13 @@ def test_the_jaxpr_digest_sees_values_and_refuses_what_it_cannot_see():
     assert digest(lambda x: x + 1.0, x) == digest(lambda x: x + 1.0, x)
     assert digest(lambda x: x + 1.0, x) != digest(lambda x: x + 1.0000001, x)
     in_scan = [  # a constant of a loop's body
-        digest(lambda x: jax.lax.scan(lambda c, _: (c + jnp.asarray(v), None), x, length=2)[0], x)
+        digest(lambda x, v=v: jax.lax.scan(lambda c, _: (c + v, None), x, length=2)[0], x)
         for v in (np.arange(3.0, dtype=np.float32), np.arange(3.0, dtype=np.float32) + 1)
     ]
     assert in_scan[0] != in_scan[1]
-    keys = [digest(lambda x: x + jax.random.normal(k, (3,)), x) for k in (key, jax.random.key(2))]
+    keys = [
+        digest(lambda x, k=k: x + jax.random.normal(k, (3,)), x) for k in (key, jax.random.key(2))
+    ]
     assert keys[0] is not None and keys[0] != keys[1]  # a key closed over: its bits
     assert digest(lambda x: jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((3,),
                   jnp.float32), x), x) is None  # fmt: skip
