@@ -85,10 +85,12 @@ def compiled(
 ) -> tuple[_store.Program, float]:
     """``program`` (a ``jax.jit``) compiled for ``args``, and the seconds it took.
 
-    The program is traced and lowered on every call (the key must see what this trace
-    reads); the executable comes from this process's cache, else the cache folder, else
-    XLA, by ``program_key``. ``on_traced(out_info)`` is called once the program is
-    traced, before it is lowered. ``kind`` names the program in ``compile_counts``.
+    The program is traced on every call (the key must see what this trace reads). The
+    executable comes, by the trace's key (``_traced_key``), from this process's cache or
+    the cache folder; else the program is lowered, and it comes by ``program_key`` from
+    this process's cache, the cache folder, or XLA (then stored under both keys).
+    ``on_traced(out_info)`` is called once the program is traced, before it is lowered.
+    ``kind`` names the program in ``compile_counts``.
     """
     t0 = time.perf_counter()
     with TRACE_LOCK:
@@ -101,17 +103,33 @@ def compiled(
     found, executable = _EXECUTABLES.lookup(key) if found else (False, None)
     if found:  # this process lowered the very same trace before: no lowering again
         return executable, time.perf_counter() - t0
-    executable, key = _lower_and_find(kind, traced, args, devices)
+    stored = _load_traced(kind, by_trace, devices)
+    if stored is not None:  # another process compiled the very same trace
+        return stored, time.perf_counter() - t0
+    executable, key = _lower_and_find(kind, traced, args, devices, by_trace)
     if by_trace is not None and key is not None:
         _BY_TRACE.put(by_trace, key)
     return executable, time.perf_counter() - t0
 
 
+def _load_traced(kind: str, by_trace: str | None, devices: list | None) -> Any:
+    """The program stored under the trace's key (kept in this process then), or ``None``."""
+    if by_trace is None or devices is None:
+        return None
+    stored = _store.load(by_trace, devices, lowered=False)
+    if stored is not None:
+        load_counts[kind] += 1
+        _EXECUTABLES.put(by_trace, stored)
+        _BY_TRACE.put(by_trace, by_trace)
+    return stored
+
+
 def _lower_and_find(
-    kind: str, traced: Any, args: tuple, devices: list | None
+    kind: str, traced: Any, args: tuple, devices: list | None, by_trace: str | None
 ) -> tuple[_store.Program, str | None]:
     """``traced`` lowered, and its executable found by ``program_key`` (in this process,
-    the cache folder, or compiled), with that key (``None`` for a program never kept)."""
+    the cache folder, or compiled; a fresh compile is stored under ``by_trace`` too), with
+    that key (``None`` for a program never kept)."""
     lower_counts[kind] += 1
     lowered = traced.lower()
     text = lowered.as_text()
@@ -122,7 +140,9 @@ def _lower_and_find(
     if pending is None:
         return executable, key
     try:
-        executable = _EXECUTABLES.put(key, _load_or_compile(kind, lowered, text, key, devices))
+        executable = _EXECUTABLES.put(
+            key, _load_or_compile(kind, lowered, text, (key, by_trace), devices)
+        )
     finally:
         with _PENDING_LOCK:
             del _PENDING[key]
@@ -131,8 +151,8 @@ def _lower_and_find(
 
 
 def _traced_key(traced: Any, args: tuple, devices: list | None) -> str | None:
-    """A key for this process of a traced program (``_jaxpr.digest`` of its jaxpr, with
-    the key's other parts), or ``None`` where the jaxpr cannot be keyed."""
+    """The key of a traced program (``_jaxpr.digest`` of its jaxpr, with the key's other
+    parts), or ``None`` where the jaxpr cannot be keyed."""
     digest = _jaxpr.digest(traced.jaxpr)
     if digest is None:
         return None
@@ -172,23 +192,24 @@ def _compile_only(kind: str, lowered: Any, text: str) -> _store.Program:
 
 
 def _load_or_compile(
-    kind: str, lowered: Any, text: str, key: str, devices: list | None
+    kind: str, lowered: Any, text: str, keys: tuple, devices: list | None
 ) -> _store.Program:
-    """The program from the cache folder, or compiled by XLA (and then stored there).
+    """The program from the cache folder under ``keys[0]``, or compiled by XLA (and then
+    stored there under each of ``keys`` that is not ``None``).
 
     Programs whose arguments are not all on one mesh are not stored (their devices are
     not known before compiling)."""
     digest = hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
     if devices is not None:
-        loaded = _store.load(key, devices)
+        loaded = _store.load(keys[0], devices)
         if loaded is not None:
             load_counts[kind] += 1
-            return _store.Program(loaded, digest)
+            return loaded
     executable, fresh = _store.compile_fresh(lowered)
     compile_counts[kind] += 1
     program = _store.Program(executable, digest)
     if devices is not None and fresh:  # (JAX's cache served it: it stays there)
-        _store.save(key, program, devices)
+        _store.save([k for k in keys if k is not None], program, devices)
     return program
 
 

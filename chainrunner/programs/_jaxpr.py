@@ -2,12 +2,15 @@
 
 A jaxpr's text names every operation with its parameters and shapes, but not the values
 of its constants (``ClosedJaxpr.consts``, at any depth) nor, in full, those of its
-literals: the digest reads those values too. It is used within one process only
-(``_compile``): printing a jaxpr is not promised to be the same in every process, and a
-digest that cannot be trusted is not made at all (``None``):
+literals: the digest reads those values too. ``_compile`` keys programs by it before
+lowering them (in this process and in the cache folder, with the versions and devices);
+the lowered text stays the key of record. A jaxpr printed otherwise in another process
+only misses. A digest that cannot be trusted is not made at all (``None``):
 
 - the text shows a Python object by its address (``<function f at 0x...>``): a callable
-  parameter whose behaviour the text does not show;
+  parameter whose behaviour the text does not show. Except the transformation rules of
+  ``custom_jvp``, ``custom_vjp`` and ``custom_vmap`` (``_RULES``): they act only when the
+  program is transformed further, and a traced program is lowered as it is;
 - the program calls back into Python (its callbacks are Python functions);
 - a constant whose values cannot be read.
 
@@ -27,6 +30,14 @@ from jax.extend.core import Literal
 # Primitives that call a Python function: the function is not in the jaxpr.
 _CALLBACKS = frozenset({"debug_print", "debug_callback", "callback"})
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-FX]+")  # (jax prints addresses as 0xXXXX...)
+# Parameters that are rules for transforming a primitive (differentiation, batching),
+# never read when the traced program is lowered.
+_RULES = {
+    "custom_jvp_call": {"jvp_jaxpr_fun", "jvp_jaxpr_thunk"},
+    "custom_vjp_call": {"fwd_jaxpr_thunk", "bwd", "out_trees"},
+    "custom_vjp_call_jaxpr": {"fwd_jaxpr_thunk", "bwd", "out_trees"},
+    "custom_vmap_call": {"rule"},
+}
 
 
 def digest(jaxpr: Any) -> str | None:
@@ -48,11 +59,9 @@ def digest(jaxpr: Any) -> str | None:
         True
     """
     text = str(jaxpr)
-    if _ADDRESS.search(text):
-        return None
     h = hashlib.blake2b(text.encode(), digest_size=24)
-    try:
-        for value in _values(jaxpr):
+    try:  # (where the text shows no address, no parameter need be looked at for one)
+        for value in _values(jaxpr, _ADDRESS.search(text) is not None):
             _update(h, value)
     except _NotKeyable:
         return None
@@ -63,9 +72,10 @@ class _NotKeyable(Exception):
     """The jaxpr has a part the digest cannot see."""
 
 
-def _values(jaxpr: Any) -> Any:
+def _values(jaxpr: Any, addresses: bool) -> Any:
     """Every constant and literal of ``jaxpr`` and the jaxprs in its parameters, in a
-    fixed order (depth first)."""
+    fixed order (depth first); with ``addresses``, ``_NotKeyable`` for a parameter shown
+    by an address that is not a transformation rule."""
     stack, seen = [jaxpr], set()
     while stack:
         j = stack.pop()
@@ -77,15 +87,31 @@ def _values(jaxpr: Any) -> Any:
         for eqn in inner.eqns:
             if eqn.primitive.name in _CALLBACKS or "callback" in eqn.primitive.name:
                 raise _NotKeyable(eqn.primitive.name)
+            if addresses:
+                _check_params(eqn)
             yield from (v.val for v in eqn.invars if isinstance(v, Literal))
             stack.extend(reversed(list(_jaxprs_in(eqn.params))))
         yield from (v.val for v in inner.outvars if isinstance(v, Literal))
 
 
+def _check_params(eqn: Any) -> None:
+    rules = _RULES.get(eqn.primitive.name, ())
+    for name, value in eqn.params.items():
+        inner = value if isinstance(value, (tuple, list)) else (value,)
+        if name in rules or (inner and all(_is_jaxpr(v) for v in inner)):
+            continue  # (a jaxpr's own equations are checked in turn)
+        if _ADDRESS.search(repr(value)):
+            raise _NotKeyable(f"{eqn.primitive.name}[{name}]")
+
+
+def _is_jaxpr(v: Any) -> bool:
+    return hasattr(v, "eqns") or (hasattr(v, "jaxpr") and hasattr(v, "consts"))
+
+
 def _jaxprs_in(params: dict) -> Any:
     for value in params.values():
         for v in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(v, "eqns") or (hasattr(v, "jaxpr") and hasattr(v, "consts")):
+            if _is_jaxpr(v):
                 yield v
 
 

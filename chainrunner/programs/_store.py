@@ -7,9 +7,11 @@ folder (``~/.cache/chainrunner`` on Linux, ``~/Library/Caches/chainrunner`` on m
 
 - ``programs/``: compiled executables (``jax.experimental.serialize_executable``) with the
   trees of their arguments and results and the digest of the program's text, stored by
-  the program's key (``_compile.program_key``: a digest of the lowered program, its
-  argument and result trees, its devices and ``environment()``). A process traces and
-  lowers its program, then finds the compiled code here instead of compiling it.
+  the program's keys (``_compile.program_key``: a digest of the lowered program, its
+  argument and result trees, its devices and ``environment()``; and the same with the
+  digest of its jaxpr in place of the lowered text, ``_jaxpr``). A process traces its
+  program and finds the compiled code here by the jaxpr's key, without lowering it; or
+  else lowers it and finds it by the lowered program's key, instead of compiling it.
   Programs that call back into Python are never stored (``calls_python``).
 - ``jax/``: JAX's own persistent compilation cache, turned on for the duration of each
   ``run`` (``jax_cache``) unless you configured one: the programs that are not stored in
@@ -48,6 +50,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from ..core._settings import trace_settings
 
@@ -56,7 +59,7 @@ __all__ = [
     "trace_settings",
 ]  # fmt: skip
 
-_MAGIC = b"chainrunner-program-2\n"
+_MAGIC = b"chainrunner-program-3\n"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _OFF = ("0", "off", "false", "no")
 _lock = threading.Lock()
@@ -195,16 +198,20 @@ class Program:
         return self.executable.out_info
 
 
-def load(name: str, devices: list) -> Any:
-    """The executable stored under ``name`` for ``devices`` (the mesh's, in order: the key
+def load(name: str, devices: list, lowered: bool = True) -> Program | None:
+    """The program stored under ``name`` for ``devices`` (the mesh's, in order: the key
     names them too), or ``None`` (missing, off, damaged: dropped).
 
-    The caller has lowered the program: jaxlib sets up the custom kernels it calls
-    (LAPACK's ``eigh``, ``qr``, ...) when it lowers them, before the executable is loaded.
+    jaxlib sets up the custom kernels a program calls (LAPACK's ``eigh``, ``qr``, ...)
+    when it lowers them, and an executable that calls kernels not set up crashes the
+    process: where the caller has not ``lowered`` the program, they are set up here first
+    (``_set_up_kernels``).
     """
     where = folder()
     if where is None:
         return None
+    if not lowered:
+        _set_up_kernels()
     path = os.path.join(where, name + ".bin")
     try:
         with open(path, "rb") as f:
@@ -217,6 +224,7 @@ def load(name: str, devices: list) -> Any:
 
         if entry["devices"] != [d.id for d in devices]:
             raise ValueError("compiled for other devices")
+        digest = entry["digest"]
         loaded = serialize_executable.deserialize_and_load(
             entry["executable"], entry["in_tree"], entry["out_tree"],
             execution_devices=devices,
@@ -228,13 +236,22 @@ def load(name: str, devices: list) -> Any:
         os.utime(path)  # recently used: pruned last
     except OSError:
         pass
-    return loaded
+    return Program(loaded, digest)
 
 
-def save(name: str, program: Program, devices: list) -> None:
-    """Stores ``program`` (for ``devices``) under ``name`` (atomically), then prunes the
-    folder to its bound. Not stored: a program that cannot be serialized (JAX's
-    ``serialize`` refuses some; trees of classes that cannot be pickled)."""
+@functools.lru_cache(maxsize=1)
+def _set_up_kernels() -> None:
+    """Lowers a small program that calls LAPACK: jaxlib then sets up its LAPACK kernels
+    (all of them, once per process: ``prepare_lapack_call`` initialises the library)."""
+    import jax.numpy as jnp
+
+    jax.jit(jnp.linalg.eigh).lower(np.eye(2, dtype=np.float32))
+
+
+def save(names: list[str], program: Program, devices: list) -> None:
+    """Stores ``program`` (for ``devices``) under each of ``names`` (atomically), then
+    prunes the folder to its bound. Not stored: a program that cannot be serialized
+    (JAX's ``serialize`` refuses some; trees of classes that cannot be pickled)."""
     where = folder()
     if where is None or jax.process_count() > 1:
         return
@@ -247,6 +264,7 @@ def save(name: str, program: Program, devices: list) -> None:
             "in_tree": in_tree,
             "out_tree": out_tree,
             "devices": [d.id for d in devices],
+            "digest": program.digest,
         }
         payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -254,10 +272,11 @@ def save(name: str, program: Program, devices: list) -> None:
     data = _MAGIC + hashlib.sha256(payload).digest() + payload
     try:
         os.makedirs(where, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=".tmp-", suffix=".bin")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(where, name + ".bin"))
+        for name in names:
+            fd, tmp = tempfile.mkstemp(dir=where, prefix=".tmp-", suffix=".bin")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(where, name + ".bin"))
     except OSError:  # a full disk or a read-only folder: no cache, no failure
         return
     prune(where, max_bytes() // 2)
