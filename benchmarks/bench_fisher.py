@@ -151,10 +151,16 @@ class Runner:
         return _from_idata(idata, self.names, "warmup_sample_stats")
 
     def numpyro(self, seed: int):
-        idata = self.pm.sample(draws=DRAWS, tune=TUNE, chains=CHAINS, model=self.model,
-                               random_seed=seed, nuts_sampler="numpyro", progressbar=False,
-                               compute_convergence_checks=False, discard_tuned_samples=False,
-                               nuts_sampler_kwargs={"chain_method": "parallel"})  # fmt: skip
+        import jax
+
+        # pm.sample's JAX path counts on the x64 that PyTensor's import set (put back by
+        # chainrunner in this process): on for it, as in a process of its own.
+        with jax.enable_x64(True):
+            idata = self.pm.sample(draws=DRAWS, tune=TUNE, chains=CHAINS, model=self.model,
+                                   random_seed=seed, nuts_sampler="numpyro",
+                                   progressbar=False, compute_convergence_checks=False,
+                                   discard_tuned_samples=False,
+                                   nuts_sampler_kwargs={"chain_method": "parallel"})  # fmt: skip
         warm = "warmup_sample_stats" if "warmup_sample_stats" in idata.groups() else None
         return _from_idata(idata, self.names, warm)
 

@@ -126,10 +126,11 @@ def sample(seed):
         return nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, seed=seed,
                              progress_bar=False, cores=os.cpu_count())
     how = "parallel" if chains <= devices else "vectorized"
-    return pm.sample(draws=draws, tune=tune, chains=chains, model=model, random_seed=seed,
-                     nuts_sampler=method.split("_")[1], progressbar=False,
-                     compute_convergence_checks=False,
-                     nuts_sampler_kwargs={"chain_method": how})
+    with jax.enable_x64(True):  # pm.sample's JAX path counts on PyTensor's import's x64
+        return pm.sample(draws=draws, tune=tune, chains=chains, model=model,
+                         random_seed=seed, nuts_sampler=method.split("_")[1],
+                         progressbar=False, compute_convergence_checks=False,
+                         nuts_sampler_kwargs={"chain_method": how})
 
 times = []
 for seed in (0, 1):

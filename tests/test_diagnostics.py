@@ -6,6 +6,7 @@ healthy, divergent, low-ESS and bimodal runs; a random walk with a huge step and
 unadjusted Langevin kernel cover the stuck and non-finite cases.
 """
 
+import re
 import warnings
 
 import blackjax
@@ -269,13 +270,28 @@ def test_on_bad_init_warn_names_chains():
 
 def test_on_bad_init_reinit_restarts_those_chains():
     start = jnp.asarray([[1.0], [-0.1], [2.0], [-0.2]])
-    with pytest.warns(ChainrunnerWarning, match=r"re-initialising chain\(s\) \[1, 3\]"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trace = cr.run(HALF, KEY, start, 10, progress=False, warn=False, on_bad_init="reinit")
+    said = [str(w.message) for w in caught if "re-initialis" in str(w.message)]
+    assert len(said) == 1, said  # one warning for every try, with the counts
+    assert re.search(r"re-initialised chain\(s\) \[1, 3\], 4 time\(s\) in all \(3, 1 per", said[0])
     assert trace.attrs["reinitialised_chains"] == [1, 3]
     assert np.all(np.isfinite(trace.stats["lp"]))
     assert np.all(trace.draws > 0)  # the chains only move inside the support
     again = cr.run(HALF, KEY, start, 10, progress=False, warn=False, on_bad_init="reinit")
     np.testing.assert_array_equal(again.draws, trace.draws)  # new starts come from the key
+
+
+def test_on_bad_init_reinit_never_finite_is_one_error_without_a_warning_per_try():
+    """A start outside the support whatever the jitter: the error after the last try,
+    which counts them, and no warning for each try before it."""
+    start = jnp.asarray([[1.0], [-50.0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"chain\(s\) \[1\].*after 10 re-init"):
+            cr.run(HALF, KEY, start, 10, progress=False, warn=False, on_bad_init="reinit")
+    assert not [w for w in caught if "re-initialis" in str(w.message)]
 
 
 PRELOAD = """

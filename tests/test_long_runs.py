@@ -1,5 +1,6 @@
 """Long runs: checkpoints that survive SIGKILL, Ctrl-C keeps the draws, keep=, monitor."""
 
+import functools
 import io
 import os
 import signal
@@ -43,16 +44,21 @@ def test_checkpoint_complete_then_same_call_loads_it(tmp_path):
     before = dict(_compile.compile_counts)
     b = cr.run(NUTS, jax.random.key(0), X0, 40, num_warmup=10, chunk_size=8, checkpoint=path,
                **KW)  # fmt: skip
-    assert b.attrs["resumed_from_draw"] == 50  # everything was on disk
+    assert b.attrs["resumed_from_draw"] == 40  # every posterior draw was on disk
+    assert b.attrs["resumed_from_step"] == 50  # the warmup's 10 steps included
     np.testing.assert_array_equal(b.draws, full.draws)
     np.testing.assert_array_equal(b.stats["energy"], full.stats["energy"])
     np.testing.assert_array_equal(b.final_state.position, full.final_state.position)
     assert _compile.compile_counts == before
-    # Each chunk file is ArviZ data on its own.
+    # Each chunk file is ArviZ data on its own; a chunk of warmup steps holds no group.
+    import xarray as xr
+
+    warmup_only = xr.open_datatree(os.path.join(path, "chunk_000000.nc"), engine="h5netcdf")
+    assert not warmup_only.children
+    where_it_ends = xr.open_datatree(os.path.join(path, "chunk_000001.nc"), engine="h5netcdf")
+    assert where_it_ends["posterior"]["x"].shape == (5, 6, 3)
     chunk = os.path.join(path, "chunk_000002.nc")
     if int(__import__("arviz").__version__.split(".")[0]) >= 1:
-        import xarray as xr
-
         tree = xr.open_datatree(chunk, engine="h5netcdf")
         assert tree["posterior"]["x"].shape == (5, 8, 3)
     else:
@@ -66,20 +72,28 @@ def test_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "ckpt"
     cr.run(NUTS, jax.random.key(0), X0, 16, chunk_size=8, checkpoint=path, **KW)
     before = files(path)
-    cases = [
-        ({"rng_key": jax.random.key(1)}, "seed"),
-        ({"num_samples": 24}, "num_samples"),
-        ({"kernel": blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(3))}, "finger"),
-        ({"mesh": cr.chain_mesh(2)}, "num_devices"),
-        ({"position": X0[:4]}, "num_chains"),
+    other = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(3))
+    wider = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(4))
+    cases = [  # (change, its words, the raw value of the second line)
+        ({"rng_key": jax.random.key(1)}, "another seed", "seed: checkpoint"),
+        ({"num_samples": 24}, "another num_samples (16 in the checkpoint)", "num_samples"),
+        ({"kernel": other}, "another model, log density or kernel", "fingerprint: checkpoint"),
+        ({"mesh": cr.chain_mesh(2)}, "another chunk layout (the checkpoint's num_devices=", ""),
+        ({"chunk_size": 4}, "call with the checkpoint's layout (chunk_size=8", "chunk_size"),
+        ({"position": X0[:4]}, "another chain count (5 chains in the checkpoint, 4 in", ""),
+        ({"kernel": wider, "position": jnp.zeros((5, 4))}, "another dimension", "first differing"),
     ]
-    for change, what in cases:
-        args = {"kernel": NUTS, "rng_key": jax.random.key(0), "position": X0, "num_samples": 16}
-        args.update(change)
-        kw = {**KW, **({"mesh": change["mesh"]} if "mesh" in change else {})}
-        with pytest.raises(ValueError, match=f"belongs to another run; left untouched.*{what}"):
+    for change, words, raw in cases:
+        args = {"kernel": NUTS, "rng_key": jax.random.key(0), "position": X0, "num_samples": 16,
+                "chunk_size": 8, "mesh": KW["mesh"], **change}  # fmt: skip
+        with pytest.raises(ValueError, match="belongs to another run; left untouched") as e:
             cr.run(args["kernel"], args["rng_key"], args["position"], args["num_samples"],
-                   chunk_size=8, checkpoint=path, **kw)  # fmt: skip
+                   chunk_size=args["chunk_size"], mesh=args["mesh"], checkpoint=path,
+                   progress=False, warn=False)  # fmt: skip
+        first, second = str(e.value).split("\n")
+        assert words in first, first
+        assert ("another model" in first) == (change.get("kernel") is other), first
+        assert "In detail" in second and raw in second and len(second) < 400, second
         assert files(path) == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -175,6 +189,23 @@ def test_keyboard_interrupt_with_checkpoint_resumes(monkeypatch, tmp_path):
     np.testing.assert_array_equal(again.draws, full.draws)
 
 
+def test_an_interrupted_run_with_warmup_resumes_from_the_draws_it_returned(monkeypatch, tmp_path):
+    """resumed_from_draw counts posterior draws (the warmup's are in resumed_from_step),
+    and every draw a Ctrl-C returned is on disk: the resume starts after them."""
+    path = tmp_path / "ckpt"
+    run = functools.partial(cr.run, NUTS, jax.random.key(5), X0, 50, num_warmup=20,
+                            chunk_size=10, **KW)  # fmt: skip
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=4))
+    with pytest.warns(ChainrunnerWarning, match="same checkpoint"):
+        part = run(checkpoint=path)
+    monkeypatch.undo()
+    again = run(checkpoint=path)
+    assert part.draws.shape[1] == again.attrs["resumed_from_draw"] == 10
+    assert again.attrs["resumed_from_step"] == 30
+    np.testing.assert_array_equal(again.draws[:, :10], part.draws)
+    np.testing.assert_array_equal(again.draws, run().draws)
+
+
 def test_keep_names_or_function():
     nuts = blackjax.nuts(lambda p: -0.5 * (jnp.sum(p["a"] ** 2) + p["b"] ** 2), 0.8, jnp.ones(3))
     start = {"a": jnp.zeros((2, 2)), "b": jnp.zeros(2)}
@@ -224,7 +255,7 @@ def test_on_bad_init_warn_and_reinit():
         cr.run(nuts, jax.random.key(0), start, 10, **KW)
     with pytest.warns(ChainrunnerWarning, match=r"chain\(s\) \[1, 4\].*anyway"):
         cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="warn", **KW)
-    with pytest.warns(ChainrunnerWarning, match=r"re-initialising chain\(s\) \[1, 4\]"):
+    with pytest.warns(ChainrunnerWarning, match=r"re-initialised chain\(s\) \[1, 4\]"):
         trace = cr.run(nuts, jax.random.key(0), start, 10, on_bad_init="reinit",
                        init_jitter=1.0, **KW)  # fmt: skip
     assert trace.attrs["reinitialised_chains"] == [1, 4]

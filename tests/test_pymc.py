@@ -31,12 +31,50 @@ SCHOOLS = list("ABCDEFGH")
 ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _x64_as_before():
-    """PyTensor's JAX backend turns on jax_enable_x64 (float64 models): put it back after."""
+    """Every test leaves the process's jax_enable_x64 as it found it: chainrunner runs a
+    PyMC model under JAX's scoped setting (PyTensor's import turns it on: put back)."""
     before = jax.config.jax_enable_x64
     yield
-    jax.config.update("jax_enable_x64", before)
+    assert jax.config.jax_enable_x64 == before
+
+
+FLOAT32_BUILD = """
+import blackjax, jax, jax.numpy as jnp, numpy as np
+import chainrunner as cr
+nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum((x - 1.0) ** 2), 0.5, jnp.ones(3))
+"""
+FLOAT32_RUN = """
+trace = cr.run(nuts, jax.random.key(3), jnp.zeros((2, 3)), 30, progress=False, warn=False)
+"""
+
+
+def test_a_pymc_run_leaves_a_float32_kernel_as_in_a_fresh_process(tmp_path):
+    """64 bits for the PyMC model's calls only: a float32 blackjax kernel run before and
+    after them (the same kernel object, built before) gives the draws of a process that
+    never imported PyMC, in float32."""
+    out = tmp_path / "fresh.npy"
+    script = FLOAT32_BUILD + FLOAT32_RUN + f"np.save({str(out)!r}, trace.draws)"
+    subprocess.run([sys.executable, "-c", script], check=True,
+                   env={**os.environ, "JAX_NUM_CPU_DEVICES": "2"})  # fmt: skip
+    fresh, names = np.load(out), {}
+    exec(FLOAT32_BUILD + FLOAT32_RUN, names)
+    before = names["trace"].draws
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0)
+    kernel = cr.from_pymc(model)
+    assert not jax.config.jax_enable_x64 and kernel.x64
+    trace = cr.run(kernel, jax.random.key(0), None, 20, num_warmup=20, num_chains=2,
+                   progress=False, warn=False)  # fmt: skip
+    assert trace.draws["x"].dtype == np.float64 and not jax.config.jax_enable_x64
+    with pytest.raises(TypeError, match=r"must be a pymc\.Model"):
+        cr.from_pymc("not a model")
+    assert not jax.config.jax_enable_x64
+    exec(FLOAT32_RUN, names)
+    after = names["trace"].draws
+    assert before.dtype == after.dtype == np.float32
+    assert np.array_equal(before, fresh) and np.array_equal(after, fresh)
 
 
 def eight_schools():
@@ -85,8 +123,9 @@ def bounded_and_simplex():
 
 
 def reference(model, draws=500, chains=4, seed=1, **kwargs):
-    """``pm.sample(nuts_sampler="numpyro")``: the reference ArviZ data."""
-    with warnings.catch_warnings():
+    """``pm.sample(nuts_sampler="numpyro")``: the reference ArviZ data (with x64 on, as
+    PyTensor's import would have left it: chainrunner put the process's setting back)."""
+    with warnings.catch_warnings(), jax.enable_x64(True):
         # PyMC 6 deprecates idata_kwargs={"log_likelihood": True} for compute_log_likelihood.
         warnings.simplefilter("ignore", FutureWarning)
         return pm.sample(
@@ -189,6 +228,19 @@ def test_arviz_data_matches_pm_sample_numpyro():
     expected = -0.5 * ((Y - theta) / SIGMA) ** 2 - np.log(SIGMA * np.sqrt(2 * np.pi))
     np.testing.assert_allclose(group(ours, "log_likelihood")["obs"], expected, rtol=1e-10)
     np.testing.assert_array_equal(group(ours, "constant_data")["sigma"], SIGMA)
+    # attrs as PyMC writes them: the run's on the draws' groups, with tuning_steps (as
+    # pm.sample's posterior); PyMC's library on the model's data (PyMC's own sampler
+    # writes "pymc" there), and none of the run's attrs there.
+    assert group(theirs, "posterior").attrs["tuning_steps"] == 200
+    for name in ("posterior", "sample_stats"):
+        attrs = group(ours, name).attrs
+        assert attrs["tuning_steps"] == 200 and "compile_time" in attrs
+        assert attrs["inference_library"] == "blackjax"
+    for name in ("observed_data", "constant_data"):
+        attrs = group(ours, name).attrs
+        assert attrs["inference_library"] == "pymc"
+        assert attrs["inference_library_version"] == pm.__version__
+        assert not {"compile_time", "num_chains", "seed"} & set(attrs), name
 
 
 @pytest.mark.parametrize("make", [hierarchical_linear, bounded_and_simplex])
@@ -220,15 +272,16 @@ def test_initial_points_are_pymc_jittered_reproducible_and_retried():
         # Half of PyMC's jittered starts (mu ~ U(-1, 1)) have log density -inf: retried.
         pm.Potential("wall", pt.switch(mu > 0.0, -np.inf, 0.0))
     keys = jax.random.split(jax.random.key(0), 64)
-    retried = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
-    once = jax.vmap(cr.from_pymc(model, jitter_max_retries=0).compiled.initial_point)(keys)
-    assert float(retried["mu"].max()) <= 0.0 < float(once["mu"].max())
-    # support point + U(-1, 1) in the unconstrained space: HalfNormal's is log(1) = 0.
-    assert -1 <= float(once["mu"].min()) and float(once["mu"].max()) <= 1
-    assert -1 <= float(once["sigma_log__"].min()) and float(once["sigma_log__"].max()) <= 1
-    again = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
-    np.testing.assert_array_equal(retried["mu"], again["mu"])
-    fixed = jax.vmap(cr.from_pymc(model, jitter=False).compiled.initial_point)(keys)
+    with jax.enable_x64(True):  # run's scope for a PyMC kernel, whose functions run here
+        retried = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
+        once = jax.vmap(cr.from_pymc(model, jitter_max_retries=0).compiled.initial_point)(keys)
+        assert float(retried["mu"].max()) <= 0.0 < float(once["mu"].max())
+        # support point + U(-1, 1) in the unconstrained space: HalfNormal's is log(1) = 0.
+        assert -1 <= float(once["mu"].min()) and float(once["mu"].max()) <= 1
+        assert -1 <= float(once["sigma_log__"].min()) and float(once["sigma_log__"].max()) <= 1
+        again = jax.vmap(cr.from_pymc(model).compiled.initial_point)(keys)
+        np.testing.assert_array_equal(retried["mu"], again["mu"])
+        fixed = jax.vmap(cr.from_pymc(model, jitter=False).compiled.initial_point)(keys)
     np.testing.assert_array_equal(fixed["mu"], 0.0)
 
 
@@ -355,6 +408,45 @@ def test_errors():
         cr.from_pymc(model, adaptation="nuts")
     with pytest.raises(TypeError, match="unknown option"):
         cr.from_pymc(model, adaptation="chees", max_tree_depth=3)
+
+
+PM_WORDS = {  # pm.sample's keyword: a value a PyMC user passes, chainrunner's word for it
+    "draws": (500, "num_samples"),
+    "tune": (500, "num_warmup="),
+    "chains": (4, "num_chains="),
+    "random_seed": (1, "jax.random.key"),
+    "target_accept": (0.9, "target_accept= of cr.from_pymc"),
+    "initvals": ({"mu": 0.0}, "initvals= of cr.from_pymc"),
+    "init": ("jitter+adapt_diag", "adaptation= and jitter="),
+    "step": (None, "algorithm="),
+    "cores": (2, "mesh="),
+    "progressbar": (False, "progress="),
+    "discard_tuned_samples": (True, "keep_warmup="),
+    "compute_convergence_checks": (True, "warn="),
+    "return_inferencedata": (True, "cr.sample returns ArviZ data"),
+    "idata_kwargs": ({"log_likelihood": True}, "log_likelihood=True"),
+    "var_names": (["mu"], "keep="),
+    "nuts_sampler": ("numpyro", "always samples with blackjax"),
+    "nuts_sampler_kwargs": ({}, "the adaptation's options"),
+}
+
+
+@pytest.mark.parametrize("word", sorted(PM_WORDS))
+def test_pm_sample_words_name_the_function_called_and_chainrunners_word(word):
+    """from_pymc takes target_accept and initvals as pm.sample does; every other word of
+    pm.sample, in from_pymc or cr.sample, is a TypeError naming the function called (not
+    from_blackjax or run) and chainrunner's word, before anything compiles."""
+    value, ours = PM_WORDS[word]
+    model, _ = conjugate()
+    if word in ("target_accept", "initvals"):
+        assert cr.from_pymc(model, **{word: value}).x64
+    else:
+        with pytest.raises(TypeError, match=rf"^from_pymc: '{word}' is pm.sample's") as e:
+            cr.from_pymc(model, **{word: value})
+        assert ours in str(e.value)
+    with pytest.raises(TypeError, match=rf"^sample: '{word}' is pm.sample's") as e:
+        cr.sample(lambda: None, jax.random.key(0), None, 10, **{word: value})
+    assert ours in str(e.value)
 
 
 def test_log_likelihood_with_keep_of_some_variables_warns_and_keeps_the_draws():

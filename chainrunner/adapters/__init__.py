@@ -156,7 +156,6 @@ def from_pymc(
         >>> kernel = cr.from_pymc(model)
         >>> kernel.model is model
         True
-        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
     """
     from ._pymc import from_pymc as impl  # imports pymc, or says which extra to install
 

@@ -20,15 +20,18 @@ as ``pm.sample(nuts_sampler="numpyro"|"blackjax")`` does, and derives nothing it
 
 Importing PyMC's JAX helpers has two global effects, as with ``pm.sample``'s JAX samplers:
 PyTensor turns on ``jax_enable_x64`` (PyMC models are float64), and ``pymc.sampling.jax``
-sets ``XLA_FLAGS``. chainrunner puts ``XLA_FLAGS`` back as it was, and turns
-``jax_enable_x64`` on at every ``from_pymc`` of a float64 model (its functions trace and
-run with 64-bit types only).
+sets ``XLA_FLAGS``. chainrunner puts both back as they were. A float64 model's kernel
+says ``x64``, and ``run`` (and the log likelihood) run it under JAX's scoped
+``jax.enable_x64(True)``: 64 bits for that call, and the process's setting unchanged, so
+a float32 kernel before or after a PyMC run samples in float32.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -38,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core._kernel import Adapter, Kernel
+from ..core._settings import x64_scope
+from ..core._words import reject_pm_sample_words
 from ._blackjax._adaptations import name_of
 from ._model import ModelAdapter, build_sampler, with_target_accept
 
@@ -49,22 +54,17 @@ INSTALL = 'cr.from_pymc needs PyMC: pip install "chainrunner[pymc]"'
 def _pymc() -> Any:
     """``pymc`` with its JAX helpers imported; an ``ImportError`` naming the extra if absent.
 
-    ``pymc.sampling.jax`` rewrites ``XLA_FLAGS`` on import (a CPU device count of 100):
-    chainrunner restores the variable, so the user's device count stands. PyTensor's BLAS
-    check warns on first use of its C backend, which chainrunner never uses: silenced here.
+    ``pymc.sampling.jax`` rewrites ``XLA_FLAGS`` on import (a CPU device count of 100),
+    and PyTensor's JAX backend turns ``jax_enable_x64`` on for the process: chainrunner
+    restores both, so the user's device count and JAX setting stand. PyTensor's BLAS check
+    warns on first use of its C backend, which chainrunner never uses: silenced here.
     """
     try:
         import pymc
     except ImportError as e:
         raise ImportError(f"{INSTALL} ({e}).") from e
-    flags = os.environ.get("XLA_FLAGS")
-    try:
-        import pymc.sampling.jax
-    finally:
-        if flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = flags
+    if not {"pymc.sampling.jax", "pytensor.link.jax.dispatch"} <= sys.modules.keys():
+        _import_jax_helpers()
     import pytensor
 
     with warnings.catch_warnings():
@@ -72,9 +72,40 @@ def _pymc() -> Any:
             "ignore", message=".*could not link to a BLAS", category=UserWarning
         )
         _ = pytensor.config.blas__ldflags  # computed (and its warning given) once, here
-    if pytensor.config.floatX == "float64":  # as PyTensor's JAX backend on import; every time
-        jax.config.update("jax_enable_x64", True)
     return pymc
+
+
+def _import_jax_helpers() -> None:
+    """Imports ``pymc.sampling.jax`` and PyTensor's JAX backend, then puts ``XLA_FLAGS``
+    and the process's ``jax_enable_x64`` back (read on a fresh thread: this one may be in
+    a scoped setting)."""
+    flags, x64 = os.environ.get("XLA_FLAGS"), _process_x64()
+    try:
+        import pymc.sampling.jax  # noqa: F401
+        import pytensor.link.jax.dispatch  # noqa: F401  (sets jax_enable_x64 on import)
+    finally:
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
+        jax.config.update("jax_enable_x64", x64)
+
+
+def _process_x64() -> bool:
+    """The process's ``jax_enable_x64``, whatever scoped setting this thread is in."""
+    found: list[bool] = []
+    probe = threading.Thread(target=lambda: found.append(bool(jax.config.jax_enable_x64)))
+    probe.start()
+    probe.join()
+    return found[0]
+
+
+def _float64() -> bool:
+    """Whether PyMC models are float64 (PyTensor's ``floatX``): their kernels then trace
+    and run with 64-bit types only."""
+    import pytensor
+
+    return pytensor.config.floatX == "float64"
 
 
 def is_pymc_model(obj: Any) -> bool:
@@ -276,7 +307,6 @@ def compile_model(
         >>> c = compile_model(model)
         >>> c.value_names, sorted(c.constrain({"sigma_log__": 0.0}))
         (('sigma_log__',), ['sigma'])
-        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
     """
     _pymc()
     names = tuple(v.name for v in model.value_vars)
@@ -322,9 +352,18 @@ def _start(compiled: Compiled) -> Callable:
                 "unconstrained values with a leading chain axis} with the keys "
                 f"{sorted(names)}; got {got}. Or pass None for PyMC's jittered initial points."
             )
-        return position
+        return {k: _as_model_float(v) for k, v in position.items()}
 
     return start
+
+
+def _as_model_float(value: Any) -> jax.Array:
+    """A start's values in the model's float type (float64 under its run's x64 scope,
+    whatever the user's arrays were made with: their process may be float32)."""
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.floating):
+        return value.astype(jnp.result_type(float))
+    return value
 
 
 class PymcModel(ModelAdapter):
@@ -348,7 +387,8 @@ class PymcModel(ModelAdapter):
         >>> adapter = cr.from_pymc(model)
         >>> adapter.dims(), adapter.coords()
         ({'mu': ['g']}, {'g': ['a', 'b']})
-        >>> import jax; jax.config.update("jax_enable_x64", False)  # PyTensor turned it on
+        >>> adapter.x64  # its runs are 64-bit, the process's JAX setting unchanged
+        True
     """
 
     def __init__(self, model: Any, sampler: Adapter, compiled: Compiled, log_likelihood: bool):
@@ -361,6 +401,7 @@ class PymcModel(ModelAdapter):
         super().__init__(sampler, _start(compiled), compiled.constrain)
         self.model, self.compiled = model, compiled
         self.want_log_likelihood = bool(log_likelihood)
+        self.x64 = _float64()
         coords, dims = coords_and_dims_for_inferencedata(model)
         self._coords = {k: list(np.asarray(v).tolist()) for k, v in coords.items()}
         self._dims = {k: list(v) for k, v in dims.items()}
@@ -385,7 +426,6 @@ class PymcModel(ModelAdapter):
                 ``from_pymc`` (``pm.set_data``, ``set_dim``): the compiled program holds
                 the data it was built with.
         """
-        _pymc()  # 64-bit types on (if they were turned off since from_pymc)
         changed = self._changed_data()
         if changed:
             raise ValueError(
@@ -414,9 +454,10 @@ class PymcModel(ModelAdapter):
             ``{observed variable: numpy array (chain, draw, *its shape)}``.
         """
         free = {rv.name for rv in self.model.free_RVs}
-        return self.over_draws("log_likelihood", self.compiled.log_likelihood)(
-            {k: v for k, v in draws.items() if k in free}
-        )
+        with x64_scope(self):
+            return self.over_draws("log_likelihood", self.compiled.log_likelihood)(
+                {k: v for k, v in draws.items() if k in free}
+            )
 
     def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:
         """``observed_data``, ``constant_data`` and (when asked for) ``log_likelihood``."""
@@ -540,8 +581,9 @@ def from_pymc(
     data has the model's coords and dims, ``observed_data``, ``constant_data`` and, with
     ``log_likelihood=True``, ``log_likelihood``.
 
-    Using PyMC's JAX conversion turns on ``jax_enable_x64``, as ``pm.sample``'s JAX
-    samplers do (PyTensor does it for float64 models). The model's data are constants of
+    A float64 model runs in 64 bits, under JAX's scoped ``jax.enable_x64(True)`` for each
+    ``run`` of it: the process's ``jax_enable_x64`` stays as it was (``pm.sample``'s JAX
+    samplers turn it on for the whole process). The model's data are constants of
     the compiled program: after ``pm.set_data``, call ``from_pymc`` again (it recompiles);
     the kernel built before raises a ``ValueError`` in ``run`` rather than sample the old data.
 
@@ -580,6 +622,9 @@ def from_pymc(
         ImportError: without PyMC (``pip install "chainrunner[pymc]"``).
         TypeError, ValueError: for a model with discrete variables, or options the
             sampler does not take.
+        TypeError: for a keyword of ``pm.sample`` that belongs to ``cr.run`` /
+            ``cr.sample`` (``tune=``, ``draws=``, ``chains=``, ``random_seed=``, ...), with
+            chainrunner's word for it.
 
     Examples:
         >>> import jax, numpy as np, pymc as pm
@@ -591,15 +636,18 @@ def from_pymc(
         ...                   num_warmup=100, num_chains=4, progress=False)
         >>> idata.posterior["sigma"].shape, "sigma_log__" in idata.posterior
         ((4, 100), False)
-        >>> jax.config.update("jax_enable_x64", False)  # PyTensor turned it on; JAX's default
+        >>> jax.config.jax_enable_x64  # the process's setting, as it was
+        False
     """
+    reject_pm_sample_words("from_pymc", options)
     pymc = _pymc()
     _check_model(pymc, model)
     if adaptation is not None:
         name_of(adaptation, "from_pymc")  # a clear error for an unknown one, now
     options = with_target_accept(adaptation, target_accept, options, "from_pymc")
-    compiled = compile_model(
-        model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
-    )
-    sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
+    with jax.enable_x64(_float64()):
+        compiled = compile_model(
+            model, initvals=initvals, jitter=jitter, jitter_max_retries=jitter_max_retries
+        )
+        sampler = build_sampler(algorithm, adaptation, compiled.logdensity_fn, options, "from_pymc")
     return PymcModel(model, sampler, compiled, log_likelihood)

@@ -233,6 +233,9 @@ class Adapter:
         needs_warmup: ``True`` if a fresh run with ``num_warmup=0`` would sample with
             values that were never adapted (a step size of 1.0): ``run`` then raises
             before any work, naming what to pass. A continued trace needs none.
+        x64: ``True`` if the kernel's functions trace and run with 64-bit types only (a
+            PyMC model of float64): ``run`` then runs under ``jax.enable_x64(True)``, for
+            this call only.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -248,6 +251,7 @@ class Adapter:
     has_cross_chain_warmup: bool = False
     init_error_hint: str | None = None
     needs_warmup: bool = False
+    x64: bool = False
 
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The ``Kernel`` to run ``num_warmup`` warmup steps and then sample with.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import jax
 
-__all__ = ["trace_settings"]
+__all__ = ["trace_settings", "x64_scope"]
 
 # The settings that change what a trace builds and that a ``with`` context sets for one
 # thread only (read through the public ``jax.config``; a name a version lacks is skipped).
@@ -30,3 +33,22 @@ def trace_settings() -> tuple:
     values = tuple(repr(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS)
     mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
     return (*values, repr(mesh))
+
+
+def x64_scope(adapter: Any) -> Any:
+    """A context with 64-bit types on for this thread where ``adapter`` asks for them
+    (``Adapter.x64``: a PyMC model of float64), else one that changes nothing. JAX's
+    scoped setting: the process's ``jax_enable_x64`` is the same before and after.
+
+    Examples:
+        >>> import jax, types
+        >>> before = jax.config.jax_enable_x64
+        >>> with x64_scope(types.SimpleNamespace(x64=True)):
+        ...     jax.numpy.zeros(1, float).dtype.name
+        'float64'
+        >>> jax.config.jax_enable_x64 == before
+        True
+    """
+    if getattr(adapter, "x64", False):
+        return jax.enable_x64(True)
+    return contextlib.nullcontext()

@@ -12,8 +12,18 @@ if TYPE_CHECKING:
     from ._trace import Trace
 
 
+#: the groups of the run's draws: they carry the run's attrs, as PyMC's and ArviZ's do.
+RUN_GROUPS = ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats")
+LIBRARY = ("inference_library", "inference_library_version")
+
+
 def _attrs(trace: Trace) -> dict[str, Any]:
+    """The run's attrs for its draws' groups, with PyMC's ``tuning_steps`` (the warmup's
+    steps, burn-in added)."""
     out = {}
+    warmup = trace.attrs.get("num_warmup")
+    if warmup is not None:
+        out["tuning_steps"] = int(warmup) + int(trace.attrs.get("burn_in_steps") or 0)
     for k, v in trace.attrs.items():
         if v is None:
             continue
@@ -66,10 +76,24 @@ def to_arviz(
     save_warmup = trace.warmup_draws is not None
     if arviz_major() >= 1:
         data = az.from_dict(groups, coords=coords, dims=dims, save_warmup=save_warmup)
-        nodes = [data[name] for name in data.children]
+        nodes = [(name, data[name]) for name in data.children]
     else:
         data = az.from_dict(**groups, coords=coords, dims=dims, save_warmup=save_warmup)
-        nodes = [getattr(data, name) for name in data.groups()]
-    for node in nodes:  # the run's metadata on every group, as ArviZ's own converters do
-        node.attrs.update(attrs)
+        nodes = [(name, getattr(data, name)) for name in data.groups()]
+    for name, node in nodes:
+        node.attrs.update(group_attrs(trace, name, attrs))
     return data
+
+
+def group_attrs(trace: Trace, group: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """What a group carries besides ArviZ's own ``created_at`` and ``arviz_version``, as
+    ``pm.sample`` writes it: the run's attrs on the draws' groups; the library elsewhere,
+    the model's (``pymc``) on the groups its front end made (``observed_data``, ...)."""
+    if group in RUN_GROUPS:
+        return attrs
+    library = {k: attrs[k] for k in LIBRARY if k in attrs}
+    model = trace.attrs.get("modeling_interface")
+    if group in trace.groups and model:
+        version = trace.attrs.get("modeling_interface_version", "unknown")
+        library = {"inference_library": model, "inference_library_version": version}
+    return library

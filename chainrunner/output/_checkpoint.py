@@ -43,6 +43,7 @@ import numpy as np
 from ..core._naming import flat_dict
 from ..core._threads import Background
 from ..layout import _distributed
+from . import _mismatch
 
 VERSION = 2
 GROUPS = ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats")
@@ -197,21 +198,7 @@ class Checkpoint:
         """
         if os.path.exists(self.manifest_path):
             manifest = self._read_manifest()
-            theirs = manifest["config"]
-            diffs = [
-                f"{k}: checkpoint has {theirs.get(k)!r}, this call {self.config.get(k)!r}"
-                for k in [*self.config, *(k for k in theirs if k not in self.config)]
-                if theirs.get(k) != self.config.get(k)
-            ]
-            if manifest.get("version") != VERSION:
-                diffs.insert(0, f"version: checkpoint has {manifest.get('version')!r}, "
-                                f"this chainrunner {VERSION}")  # fmt: skip
-            if diffs:
-                raise ValueError(
-                    f"run: checkpoint={self.path!r} belongs to another run; left untouched. "
-                    + "; ".join(diffs)
-                    + ". Use another path, or delete this one to start over."
-                )
+            self._check_same_run(manifest)
             self.chunks = self._intact(manifest["chunks"])
             if create and self.repaired:
                 self._write_manifest()  # the damaged chunks are no longer committed
@@ -225,6 +212,20 @@ class Checkpoint:
             )
         if create:
             self.create()
+
+    def _check_same_run(self, manifest: dict[str, Any]) -> None:
+        """A ``ValueError`` saying in words how the manifest's run differs from this call's,
+        with the raw values (hashes, shapes) on a second line."""
+        theirs = {**manifest["config"], "version": manifest.get("version")}
+        ours = {**self.config, "version": VERSION}
+        keys = _mismatch.diffs(theirs, ours)
+        if keys:
+            what, todo = _mismatch.explain(theirs, ours, keys)
+            raise ValueError(
+                f"run: checkpoint={self.path!r} belongs to another run; left untouched: it "
+                f"was written with {what}. {todo}.\n"
+                f"  In detail: {_mismatch.details(theirs, ours, keys)}."
+            )
 
     def _intact(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The longest prefix of ``chunks`` whose files and last state are intact."""

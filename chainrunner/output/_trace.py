@@ -144,7 +144,9 @@ class Trace:
         ``xarray.DataTree``. Groups: ``posterior`` (the draws), ``sample_stats``,
         ``warmup_posterior``/``warmup_sample_stats`` when warmup was kept, the
         trace's further ``groups`` (``observed_data``, ``log_likelihood``, ...), and the
-        groups given here. ``attrs`` of every group hold the run metadata.
+        groups given here. The draws' groups (``posterior``, ``sample_stats``, their warmup
+        twins) hold the run metadata in ``attrs``, with PyMC's ``tuning_steps``; the others
+        the library (a PyMC model's ``observed_data``: ``inference_library="pymc"``).
 
         Args:
             coords: ArviZ coordinates, e.g. ``{"school": names}``; for a numpyro model,

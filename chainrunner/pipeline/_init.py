@@ -135,7 +135,23 @@ def initialise(
         reinit = sorted(set(reinit) | set(bad.tolist()))
         tries[bad] += 1
         position = _reinit(position, origin, plan, bad, tries)
+    if reinit:
+        _reinit_warning(tries)
     return Initialised(state, compile_time, reinit)
+
+
+def _reinit_warning(tries: np.ndarray) -> None:
+    """One warning for every re-initialisation of a run, with the counts (not one per try)."""
+    chains = np.flatnonzero(tries)
+    shown = chains.tolist()[:8] + (["..."] if chains.size > 8 else [])
+    per_chain = ", ".join(str(int(tries[c])) for c in chains[:8])
+    warnings.warn(
+        f"run: re-initialised chain(s) {shown}, {int(tries.sum())} time(s) in all "
+        f"({per_chain}{', ...' if chains.size > 8 else ''} per chain), after a non-finite "
+        "log density at the start (on_bad_init='reinit').",
+        ChainrunnerWarning,
+        stacklevel=caller_stacklevel(),
+    )
 
 
 def _reinit(position: Any, origin: Any, plan: Any, bad: np.ndarray, tries: np.ndarray) -> Any:
@@ -145,12 +161,6 @@ def _reinit(position: Any, origin: Any, plan: Any, bad: np.ndarray, tries: np.nd
     1, 2, ..., ``t`` (``retry_key``, as the init program derives it); its jitter uses
     ``fold_in(that key, 0)``. So the keys of a try derive from the chain's key only.
     """
-    warnings.warn(
-        f"run: re-initialising chain(s) {bad.tolist()} "
-        "(non-finite log density at the start; on_bad_init='reinit').",
-        ChainrunnerWarning,
-        stacklevel=caller_stacklevel(),
-    )
     if position is None:  # the kernel initialises itself: the new init keys suffice
         return None
     jitter = jitter_fn(plan.init_jitter)

@@ -34,6 +34,8 @@ from jax.sharding import Mesh
 
 from ..adapters import as_adapter
 from ..core._kernel import Adapter, Kernel, WarmupRequest
+from ..core._settings import x64_scope
+from ..core._words import reject_pm_sample_words
 from ..layout import _distributed, _mesh
 from ..layout._blas import blas_threads
 from ..output import _checkpoint
@@ -48,7 +50,7 @@ from ..programs._programs import check_keep_names
 from ..programs._store import jax_cache
 from ..stopping._convergence import tail_probs
 from ..stopping._until import Converged, Forgotten, Until, superchain_ids
-from . import _forget, _loop, _plan, _start
+from . import _diagnose, _forget, _loop, _plan, _start
 from ._host import Collector, progress_bar
 from ._init import Initialised, initialise
 
@@ -230,6 +232,12 @@ def run(
         until=until, superchains=superchains, warmup_until=warmup_until,
     )  # fmt: skip
     adapter = as_adapter(kernel, "run")
+    with x64_scope(adapter):  # (a PyMC model's 64 bits, for this call only)
+        return _stages(plan, adapter, initial_position)
+
+
+def _stages(plan: _plan.Plan, adapter: Adapter, initial_position: Any) -> Trace:
+    """``run``'s stages, in order (module docstring)."""
     start = _start.starting_point(plan, adapter, initial_position)
     ctx = Run(plan, adapter, start, _start.place(plan, start))
     with _progress(plan) as bar, blas_threads(ctx.placed.mesh), jax_cache():
@@ -279,12 +287,20 @@ def _checks(plan: _plan.Plan, trace: Trace, sampled: Sampled, bar: Any) -> None:
 
 @contextlib.contextmanager
 def _kernel_errors(start: _start.Start) -> Iterator[None]:
-    """Adds to an error the kernel raised, traced on one chain, what chainrunner passed it."""
+    """An error the kernel raised, traced on one chain: the mistake behind it where
+    ``_diagnose`` finds it (a non-scalar log density, no chain axis, a mass matrix of
+    another size, mixed precisions), else a note saying what chainrunner passed it."""
     try:
         yield
     except (TypeError, ValueError) as e:
-        if not str(e).startswith("run:"):  # chainrunner's own errors say it already
-            e.add_note(_start.one_chain_note(start))
+        if str(e).startswith("run:"):  # chainrunner's own errors say it already
+            raise
+        found = None
+        if start.position is not None:
+            found = _diagnose.diagnose(start.kernel, start.position, start.num_chains, e)
+        if found is not None:
+            raise found from e
+        e.add_note(_start.one_chain_note(start))
         raise
 
 
@@ -517,7 +533,7 @@ def _assemble(
         **({"num_processes": jax.process_count()} if _distributed.is_multiprocess() else {}),
         **({"reinitialised_chains": init.reinitialised} if init.reinitialised else {}),
         **({"interrupted": True} if sampled.interrupted else {}),
-        **({"resumed_from_draw": sampled.resumed_from} if sampled.resumed_from is not None else {}),
+        **_resumed(sampled.resumed_from, sched, plan.thinning),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
         **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
@@ -537,6 +553,18 @@ def _assemble(
         dims=adapter.dims(),
         coords=adapter.coords(),
     )
+
+
+def _resumed(first: int | None, sched: _loop.Schedule, thinning: int) -> dict[str, int]:
+    """Where a checkpointed run resumed: ``resumed_from_draw``, the posterior draws that
+    were on disk (warmup not counted), and ``resumed_from_step``, the loop's steps (warmup
+    included, thinning counted)."""
+    if first is None:
+        return {}
+    return {
+        "resumed_from_draw": max(0, first - sched.warmup_draws),
+        "resumed_from_step": first * thinning,
+    }
 
 
 def _report(ctx: Run, sched: _loop.Schedule, trace: Trace, sampled: Sampled) -> None:
@@ -584,6 +612,10 @@ def sample(
     Returns:
         ``az.InferenceData`` (arviz < 1) or ``xarray.DataTree`` (arviz >= 1).
 
+    Raises:
+        TypeError: for a keyword of ``pm.sample`` (``tune=``, ``chains=``, ...), with
+            chainrunner's word for it (``num_warmup=``, ``num_chains=``, ...); and as ``run``.
+
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
         >>> import chainrunner as cr
@@ -592,6 +624,7 @@ def sample(
         >>> data.posterior["x"].shape
         (4, 100, 2)
     """
+    reject_pm_sample_words("sample", options)
     preload_arviz()  # to_arviz needs it, whatever `warn` says
     return run(kernel, rng_key, initial_position, num_samples, **options).to_arviz(
         coords=coords, dims=dims

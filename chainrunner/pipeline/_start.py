@@ -22,6 +22,7 @@ from ..core._lru import LRU
 from ..layout import _distributed, _mesh
 from ..output._trace import Trace
 from ..programs import _choose, _ensemble
+from . import _diagnose
 from ._plan import Plan
 
 # Parameters replicated on a mesh, while their leaves live (``replicate_params``).
@@ -84,6 +85,8 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
         kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
         if initial_position is not None:
             n = leading_size(initial_position, "initial_position", where)
+            if _diagnose.as_states(kernel, initial_position):  # the pmap recipe's states
+                return _checked(plan, Start(kernel, n, None, initial_position, 0, False))
         elif kernel.needs_position:
             raise ValueError(
                 "run: initial_position is None, but this kernel needs initial positions "
@@ -101,6 +104,11 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
                 "what keep= stores); drop keep_warmup or keep."
             )
         start = Start(kernel, n, initial_position, None, 0, cross)
+    return _checked(plan, start)
+
+
+def _checked(plan: Plan, start: Start) -> Start:
+    """``start``, checked against the plan's chain count, ensemble and superchains."""
     if plan.num_chains is not None and plan.num_chains != start.num_chains:
         raise ValueError(
             f"run: num_chains={plan.num_chains} but initial_position has {start.num_chains} "
@@ -118,7 +126,8 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
 
 
 def one_chain_note(start: Start) -> str:
-    """What the kernel got for one chain: a note for an error it raised on it."""
+    """What the kernel got for one chain: a note for an error it raised on it, which
+    ``_diagnose.diagnose`` did not explain."""
     what, tree = (
         ("the final state of the continued trace", start.state)
         if start.state is not None
@@ -128,10 +137,8 @@ def one_chain_note(start: Start) -> str:
         return "chainrunner: the kernel initialised each chain itself (initial_position=None)."
     shapes = jax.tree.map(lambda x: tuple(np.shape(x)[1:]), tree)
     return (
-        f"chainrunner: the kernel got one chain's values at a time: {what} without its "
-        f"leading chain axis ({start.num_chains} chains), shapes {shapes}. Check that "
-        "initial_position has a leading chain axis and, after it, the shapes the kernel "
-        "expects (its log density, step size and mass matrix)."
+        f"chainrunner: the kernel ran on one chain's values at a time ({start.num_chains} "
+        f"chains): {what}, each chain's shapes {shapes}."
     )
 
 

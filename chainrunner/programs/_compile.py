@@ -251,19 +251,20 @@ def in_this_context(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     ``jax.default_matmul_precision``, ...) are thread-local, and a program traced under
     other settings would be another program. So when this thread has such a context in
     force, there is no thread-safe way to compile it elsewhere: the caller compiles on its
-    own thread. ``log_compiles`` is carried over.
+    own thread. ``log_compiles`` and ``jax_enable_x64`` (``run``'s scope for a PyMC
+    model, ``core._settings.x64_scope``) are carried over: the same scoped settings there.
     """
     context = _store.trace_settings()
     fresh: list[Any] = []
     probe = threading.Thread(target=lambda: fresh.append(_store.trace_settings()))
     probe.start()
     probe.join()
-    if fresh[0] != context:
+    if fresh[0][1:] != context[1:]:  # (the first is jax_enable_x64)
         return None
-    log = jax.config.jax_log_compiles
+    log, x64 = jax.config.jax_log_compiles, jax.config.jax_enable_x64
 
     def run(*args: Any) -> Any:
-        with jax.log_compiles(log):
+        with jax.log_compiles(log), jax.enable_x64(x64):
             return fn(*args)
 
     return run
