@@ -146,7 +146,8 @@ def test_checkpoint_and_keep_warmup(tmp_path):
                  chunk_size=5)  # fmt: skip
     again = _run(k, walkers=8, draws=20, warmup=6, keep_warmup=True, checkpoint=folder,
                  chunk_size=5)  # fmt: skip
-    assert again.attrs["resumed_from_draw"] == 26
+    assert again.attrs["resumed_from_draw"] == 20  # the posterior's draws
+    assert again.attrs["resumed_from_step"] == 26  # the loop's, warmup included
     for t in (saved, again):
         np.testing.assert_array_equal(t.draws["x"], plain.draws["x"])
         np.testing.assert_array_equal(t.warmup_draws["x"], plain.warmup_draws["x"])

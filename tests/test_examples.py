@@ -33,6 +33,20 @@ def test_demo_runs_with_flags():
     assert "theta_trans[H]" in stdout and "r_hat" in stdout
 
 
+def test_a_warning_of_the_demo_names_the_demos_line_not_runpy():
+    """``python -m chainrunner`` is the user's script: its diagnostics warning (20 draws of
+    2 chains: too few) points at the demo's line, not at ``<frozen runpy>``."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "chainrunner", "--chains", "2", "--devices", "1", "--samples",
+         "20", "--warmup", "10", "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ChainrunnerWarning" in out.stderr, out.stderr[-2000:]
+    assert "_demo.py:" in out.stderr and "runpy" not in out.stderr, out.stderr[-2000:]
+
+
 def test_demo_quiet_draws_no_bar(monkeypatch, capsys):
     import types
 

@@ -117,7 +117,7 @@ SCRIPT = textwrap.dedent(
     trace = cr.run(kernel, jax.random.key(3), jnp.zeros((6, 4)), 3000, num_warmup=100,
                    chunk_size=5, mesh=cr.chain_mesh(4), progress=False, warn=False,
                    checkpoint=None if mode == "plain" else path)
-    np.savez(out, draws=trace.draws, resumed=trace.attrs.get("resumed_from_draw", -1))
+    np.savez(out, draws=trace.draws, resumed=trace.attrs.get("resumed_from_step", -1))
     """
 )
 

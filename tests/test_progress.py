@@ -94,3 +94,70 @@ def test_a_terminal_sees_compiling(capsys):
     nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(2))
     cr.run(nuts, jax.random.key(0), jnp.zeros((2, 2)), 10, progress=True, warn=False)
     assert "compiling" in capsys.readouterr().err
+
+
+BAR_RUN = """
+import blackjax, jax, jax.numpy as jnp
+import chainrunner as cr
+nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
+                        adaptation="window")
+trace = cr.run(nuts, jax.random.key(0), jnp.zeros((2, 3)), 400, num_warmup=400,
+               chunk_size=100, warn=False)
+print("TIMES", trace.attrs["compile_time"], trace.attrs["sampling_time"])
+"""
+
+
+def on_a_terminal(script, env):
+    """``script``'s output on a pseudo-terminal (120 columns), as a user's terminal sees it."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=child, stdout=child,
+                            stderr=child, env=env, close_fds=True)  # fmt: skip
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    proc.wait(timeout=600)
+    os.close(main)
+    return out.decode(errors="replace")
+
+
+def test_a_terminal_bar_runs_its_clock_while_compiling_and_rates_the_steps_only(tmp_path):
+    """On a pseudo-terminal: the bar redraws while compiling (its elapsed time runs),
+    says warmup, says which chunk runs, and its first rate after the compile counts the
+    steps' time only."""
+    import os
+    import re
+
+    env = {**os.environ, "CHAINRUNNER_CACHE_DIR": str(tmp_path), "JAX_NUM_CPU_DEVICES": "2"}
+    env.pop("TQDM_DISABLE", None)
+    out = on_a_terminal(BAR_RUN, env)
+    compile_time, sampling_time = map(float, re.search(r"TIMES (\S+) (\S+)", out).groups())
+    frames = re.split(r"[\r\n]", out)
+    compiling = [f for f in frames if f.startswith("compiling")]
+    assert len(compiling) >= 2, out[-3000:]  # redrawn with no update
+    if compile_time > 1.5:
+        assert len({re.search(r"\[(\d\d:\d\d)", f).group(1) for f in compiling}) >= 2, out
+    assert any(f.startswith("warmup") for f in frames), out[-3000:]
+    # Between two moves the bar says which chunk runs, of how many (100 draws each).
+    assert any(re.search(r"0/800.*chunk=1/8", f) for f in frames), out[-3000:]
+    assert any(re.search(r"400/800.*chunk=5/8", f) for f in frames), out[-3000:]
+    moved = [f for f in frames if re.match(r"(warmup|sampling):\s+\d+%.*\d+/800", f)
+             and not re.search(r"\b0/800", f)]  # fmt: skip
+    first = re.search(r"([\d.]+)step/s", moved[0]) or re.search(r"([\d.]+)s/step", moved[0])
+    rate = float(first.group(1)) if "step/s" in first.group(0) else 1 / float(first.group(1))
+    assert rate > 0.2 * 800 / sampling_time, (moved[0], compile_time, sampling_time)

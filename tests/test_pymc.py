@@ -243,6 +243,29 @@ def test_arviz_data_matches_pm_sample_numpyro():
         assert not {"compile_time", "num_chains", "seed"} & set(attrs), name
 
 
+def test_pymc_md_names_the_stats_of_pymcs_own_nuts_that_chainrunner_has_not():
+    """pymc.md's list: PyMC's NUTS stats, in the names its ArviZ conversion gives them,
+    less chainrunner's sample_stats."""
+    import re
+
+    renamed = {"model_logp": "lp", "mean_tree_accept": "acceptance_rate",
+               "depth": "tree_depth", "tree_size": "n_steps"}  # fmt: skip
+    pymcs = {renamed.get(k, k) for k in pm.NUTS.stats_dtypes_shapes} - {"warning"}
+    model, _ = conjugate()
+    ours = cr.run(cr.from_pymc(model), jax.random.key(0), None, 5, num_warmup=5,
+                  num_chains=2, progress=False, warn=False).stats  # fmt: skip
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "pymc.md")) as f:
+        page = " ".join(f.read().split())
+    said = re.search(r"writes (\d+) more, which chainrunner has not: (.*?)\.", page)
+    listed = set(re.findall(r"`(\w+)`", said.group(2)))
+    assert listed == pymcs - set(ours) and int(said.group(1)) == len(listed), listed
+
+
+def test_pymc_md_is_right_about_waic():
+    """pymc.md: log_likelihood for az.loo, and az.waic on arviz < 1 only."""
+    assert hasattr(az, "loo") and hasattr(az, "waic") == (not ARVIZ_1)
+
+
 @pytest.mark.parametrize("make", [hierarchical_linear, bounded_and_simplex])
 def test_posterior_means_match_pm_sample(make):
     model = make()

@@ -42,6 +42,9 @@ STUCK_ACCEPTANCE = 0.01
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# The package's own scripts (``python -m chainrunner``, ``chainrunner-demo``): a user's
+# script, as far as a warning's line goes.
+_SCRIPTS = tuple(_PACKAGE + name for name in ("_demo.py", "__main__.py"))
 _preload: list[Background] = []
 
 
@@ -377,12 +380,17 @@ def caller_stacklevel() -> int:
 
     Call it in the function that calls ``warnings.warn``: it counts the frames up to the
     first one outside the chainrunner package, so a warning raised inside ``run``
-    points at the line that called ``run`` (or ``sample``, or any public function).
+    points at the line that called ``run`` (or ``sample``, or any public function). The
+    demo (``python -m chainrunner``) is a script of the user's: its own line is named.
     """
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and _inside(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _inside(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) and not filename.startswith(_SCRIPTS)
 
 
 def warn_if_needed(trace: Trace, *, stacklevel: int | None = None) -> None:

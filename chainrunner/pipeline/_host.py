@@ -8,6 +8,8 @@ progress bar, and, with ``monitor=True``, summarised by R-hat and ESS.
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -81,7 +83,45 @@ def progress_bar(progress: bool | None, total: int, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     disable = not shows_progress(progress)
-    return tqdm(total=total, desc=desc, unit="step", disable=disable, dynamic_ncols=True)
+    # Every chunk's update is drawn (mininterval=0, miniters=1): a run has tens of
+    # chunks, and the rate then comes from the chunks' own seconds, not the compile's.
+    return tqdm(total=total, desc=desc, unit="step", disable=disable, dynamic_ncols=True,
+                mininterval=0, miniters=1)  # fmt: skip
+
+
+#: seconds between two redraws of a bar that no update moved (compiling, a long chunk).
+TICK = 0.5
+
+
+class Ticker:
+    """Redraws a shown bar every ``TICK`` seconds from a helper thread, until ``stop``.
+
+    tqdm redraws on updates only: while a run compiles or a long chunk runs, its elapsed
+    time would stand still and a new description ("warmup") would not show.
+    """
+
+    def __init__(self, bar: Any):
+        self.bar, self._done = bar, threading.Event()
+        self._thread = None
+        if not getattr(bar, "disable", True):
+            self._thread = threading.Thread(target=self._tick, name="chainrunner-bar", daemon=True)
+            self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._done.wait(TICK):
+            self.bar.refresh()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def start_clock(bar: Any) -> None:
+    """The bar's rate and time left count from now (the loop's first step): the compile
+    before it is in the elapsed time, never in the steps per second."""
+    if not getattr(bar, "disable", True):
+        bar.last_print_t, bar.last_print_n = time.time(), bar.n
 
 
 class Part(NamedTuple):
@@ -184,10 +224,27 @@ class Collector:
         if _distributed.is_main_process():
             self.ckpt.write_chunk_async(lo, hi, groups, state)
 
+    def begin(self, first: int) -> None:
+        """The loop starts at draw ``first``: the bar's rate counts from now, and it says
+        which chunk runs."""
+        start_clock(self.bar)
+        self._chunk_word(first)
+        self.bar.set_postfix(self._postfix)
+
+    def _chunk_word(self, done: int) -> None:
+        """Which chunk runs now, of how many (``chunk 3/8``): the bar moves once a chunk,
+        and between two moves it says what it waits for."""
+        size, total = self.sched.chunk_len, self.sched.total_draws
+        if done < total:
+            self._postfix["chunk"] = f"{done // size + 1}/{-(-total // size)}"
+        else:
+            self._postfix.pop("chunk", None)
+
     def _progress(self, lo: int, hi: int, count: int) -> None:
-        self.bar.update(count * self.plan.thinning)
+        """The bar after a chunk: its words first, then the update that draws them."""
+        self._chunk_word(hi)
         if lo < self.sched.warmup_draws <= hi:
-            self.bar.set_description("sampling")
+            self.bar.set_description("sampling", refresh=False)
         if self.divergences:
             self._postfix["divergences"] = self.divergences
         # R-hat and ESS need every draw so far: computed when the draws have doubled
@@ -197,5 +254,5 @@ class Collector:
             self._monitor_at = 2 * self.main.filled
         if self.until is not None and self.until.last is not None:
             self._postfix.update(self.until.last.postfix(self.until.target))
-        if self._postfix:
-            self.bar.set_postfix(self._postfix, refresh=False)
+        self.bar.set_postfix(self._postfix, refresh=False)
+        self.bar.update(count * self.plan.thinning)

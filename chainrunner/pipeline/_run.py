@@ -51,7 +51,7 @@ from ..programs._store import jax_cache
 from ..stopping._convergence import tail_probs
 from ..stopping._until import Converged, Forgotten, Until, superchain_ids
 from . import _diagnose, _forget, _loop, _plan, _start
-from ._host import Collector, progress_bar
+from ._host import Collector, Ticker, progress_bar
 from ._init import Initialised, initialise
 
 
@@ -266,12 +266,14 @@ def _progress(plan: _plan.Plan) -> Iterator[Any]:
     cross-chain warmup too) and ``sampling``, then ``diagnostics``. A run that fails or is
     interrupted clears its bar (the error or the notice says where it stopped)."""
     bar = progress_bar(plan.progress, plan.num_warmup + plan.num_samples, "compiling")
+    ticker = Ticker(bar)  # the elapsed time runs while nothing updates the bar
     try:
         yield bar
     except BaseException:
         bar.leave = False
         raise
     finally:
+        ticker.stop()
         bar.close()
 
 
@@ -480,6 +482,7 @@ def _sample(ctx: Run, sched: _loop.Schedule, warm: Warm, chunks: _loop.Chunks, b
         if 0 < sched.warmup_draws <= first:
             bar.set_description("sampling")
         bar.update(first * plan.thinning)
+        collector.begin(first)  # steps per second from the first step on, not the compile
         looped = _loop.run_chunks(chunks, state, sched, collector, first)
     finally:
         stopped = _flush(ckpt)  # every collected chunk is on disk before run returns
