@@ -101,7 +101,7 @@ import blackjax, jax, jax.numpy as jnp
 import chainrunner as cr
 nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
                         adaptation="window")
-trace = cr.run(nuts, jax.random.key(0), jnp.zeros((2, 3)), 400, num_warmup=400,
+trace = cr.run(nuts, jax.random.key(0), jnp.zeros((2, 100)), 400, num_warmup=400,
                chunk_size=100, warn=False)
 print("TIMES", trace.attrs["compile_time"], trace.attrs["sampling_time"])
 """
@@ -139,7 +139,7 @@ def on_a_terminal(script, env):
 def test_a_terminal_bar_runs_its_clock_while_compiling_and_rates_the_steps_only(tmp_path):
     """On a pseudo-terminal: the bar redraws while compiling (its elapsed time runs),
     says warmup, says which chunk runs, and its first rate after the compile counts the
-    steps' time only."""
+    steps' time only, warmup chunks included."""
     import os
     import re
 
@@ -157,7 +157,11 @@ def test_a_terminal_bar_runs_its_clock_while_compiling_and_rates_the_steps_only(
     assert any(re.search(r"0/800.*chunk=1/8", f) for f in frames), out[-3000:]
     assert any(re.search(r"400/800.*chunk=5/8", f) for f in frames), out[-3000:]
     moved = [f for f in frames if re.match(r"(warmup|sampling):\s+\d+%.*\d+/800", f)
-             and not re.search(r"\b0/800", f)]  # fmt: skip
-    first = re.search(r"([\d.]+)step/s", moved[0]) or re.search(r"([\d.]+)s/step", moved[0])
-    rate = float(first.group(1)) if "step/s" in first.group(0) else 1 / float(first.group(1))
-    assert rate > 0.2 * 800 / sampling_time, (moved[0], compile_time, sampling_time)
+             and not re.search(r"\b(0|800)/800", f)]  # fmt: skip
+    # The rates count from the loop's first step, not the compile (far too low), and
+    # from warmup chunks finished, not dispatched (far too high: warmup draws that are
+    # not kept are never copied, yet the bar waits for their chunk).
+    mean = 800 / sampling_time
+    for frame in moved:
+        rate = float(re.search(r"([\d.]+)step/s", frame).group(1))
+        assert 0.2 < rate / mean < 4, (frame, compile_time, sampling_time)

@@ -46,7 +46,8 @@ def explain(theirs: dict[str, Any], ours: dict[str, Any], keys: list[str]) -> tu
     )
     if dims:
         said.append("another dimension (the chains' states have other shapes or dtypes)")
-    layout = [k for k in LAYOUT if k in keys and k != "chains_per_device"]
+    follow = ("chains_per_device", "padded_chains") if "num_chains" in keys else ()
+    layout = [k for k in LAYOUT if k in keys and k != "chains_per_device" and k not in follow]
     if layout:
         was = ", ".join(f"{k}={theirs.get(k)!r}" for k in layout)
         said.append(f"another chunk layout (the checkpoint's {was})")

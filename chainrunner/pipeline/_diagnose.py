@@ -126,10 +126,11 @@ def diagnose(kernel: Any, position: Any, num_chains: int, error: BaseException) 
         )
     if _fails(kernel, _whole(position)) is None:
         return ValueError(
-            f"run: initial_position has no leading chain axis: the kernel takes all of it "
-            f"({_describe(_whole(position))}) as one chain's position, and fails on each "
-            f"of its {num_chains} rows. Pass positions of shape (num_chains, *one chain's "
-            f"shape): x[None] for one chain, or jnp.stack of one position per chain."
+            f"run: initial_position has no leading chain axis: the kernel works with all "
+            f"of it ({_describe(_whole(position))}) as one chain's position, not with one "
+            f"of its {num_chains} rows, which is what each chain gets. Pass positions of "
+            f"shape (num_chains, *one chain's shape): x[None] for one chain, or jnp.stack "
+            f"of one position per chain."
         )
     if _dtype_clash(text):
         return _dtype_error(one, e)

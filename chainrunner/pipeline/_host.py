@@ -173,6 +173,8 @@ class Collector:
         lo, hi = first, first + count
         parts = self.parts(lo, hi)
         host = _distributed.to_host(out) if parts else None
+        if not parts:  # warmup not kept: nothing to copy, but the bar waits for the chunk
+            jax.block_until_ready(state)
         for part in parts:
             part.sink.write(host, part.at, part.src)
         # The chunk is collected: the buffers, draws_done and state agree from here on,
