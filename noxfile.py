@@ -57,13 +57,17 @@ def docs(session: nox.Session) -> None:
 
     The pictures in docs/images/ are committed, so the build never samples; first the
     plotting code of the pages runs (``docs/gen_images.py --check``: the ```py blocks,
-    which tests/test_docs.py does not run). Regenerate the pictures with
+    which tests/test_docs.py does not run); after the build, ``docs/check_browser.py``
+    reads every page in headless Chromium (``apt install chromium``). Regenerate the pictures with
     ``python docs/gen_images.py`` (arviz < 1, matplotlib, rich) after changing a page.
     """
     session.install("-e", ".[docs,pymc]")  # the PyMC pages run their code
     session.run("python", "docs/gen_images.py", "--check")
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
                 env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    # Every page read in a browser at 1280 and 390 px (Debian's chromium package).
+    session.install("playwright")
+    session.run("python", "docs/check_browser.py", "site")
 
 
 @nox.session(python="3.11")

@@ -30,7 +30,17 @@ def _prune(items, docs_dir):
     return kept
 
 
+def _version(root):
+    """The package's version, read from its one place without importing jax."""
+    scope = {}
+    with open(os.path.join(root, "chainrunner", "_version.py")) as f:
+        exec(f.read(), scope)  # our own one-line file
+    return scope["__version__"]
+
+
 def on_config(config):
+    root = os.path.dirname(os.path.abspath(config.config_file_path))
+    config.copyright = f"chainrunner {_version(root)}, Apache-2.0"
     if config.nav:
         config.nav = _prune(config.nav, config.docs_dir)
     return config

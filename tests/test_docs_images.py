@@ -33,7 +33,7 @@ HASHED_PLOTS = (
     "how-many-draws.md",
 )
 LINE = re.compile(
-    r"(\d+) chains on (\d+) device\(s\), (\d+) per device, batch_size=(all|\d+)"
+    r"(\d+) chains on (\d+) device\(s\), (\d+) per device, batch_size=(None|\d+)"
     r"(?: \((\d+) padded\))?"
 )
 
@@ -122,7 +122,7 @@ def test_quoted_layout_lines_are_what_the_code_prints(page):
     text = " ".join(read(os.path.join(DOCS, page)).split())
     for match in LINE.finditer(text):
         n, d, _, b, _ = match.groups()
-        batch = None if b == "all" else int(b)
+        batch = None if b == "None" else int(b)
         assert match.group(0) == layout(int(n), int(d), batch).describe(), (page, match.group(0))
 
 

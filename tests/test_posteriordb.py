@@ -157,7 +157,7 @@ def test_posteriordb_reference(posterior, mode):
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     if mode == "machine":  # the vmapped state machine ran
-        assert result["machine"] and "8 per device, batch_size=all" in result["layout"], result
+        assert result["machine"] and "8 per device, batch_size=None" in result["layout"], result
     if mode == "until":  # every variable met the targets before the cap
         assert result["stopped"] == "converged" and result["draws"] < 4000, result["draws"]
     with open(os.path.join(DB, "reference", posterior + ".json")) as f:

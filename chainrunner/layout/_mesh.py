@@ -137,7 +137,7 @@ class Layout:
         return self.num_devices * self.per_device
 
     def describe(self) -> str:
-        b = "all" if self.batch_size is None else self.batch_size
+        b = "None" if self.batch_size is None else self.batch_size
         return (
             f"{self.num_chains} chains on {self.num_devices} device(s), "
             f"{self.per_device} per device, batch_size={b}"

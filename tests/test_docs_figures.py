@@ -1,0 +1,123 @@
+"""The docs as a reader sees them: headline figures read from benchmarks/results/, no
+project history on the pages, code that keeps its shape, a site that can be published.
+
+Every headline number of the home, benchmarks and PyMC pages is recomputed here from
+the results file it quotes, so a new benchmark run that moves a figure fails this test
+until the pages move with it (``python docs/gen_charts.py`` rewrites the benchmarks
+page's headline section).
+"""
+
+import importlib.util
+import json
+import os
+import re
+import statistics
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+DOCS = os.path.join(ROOT, "docs")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md"))
+DASH, TIMES = "\u2013", "\u00d7"  # the pages' range dash and multiplication sign
+
+# Words of the project's own history, which mean nothing to a reader.
+HISTORY = re.compile(
+    r"\bissues? #?\d+|\bsessions? (had|of|found|measured)\b|\bstop \d+\b"
+    r"|\b(this|last|previous|next|one) (stop|turn)\b|\bthe old default\b"
+    r"|\blast version\b|\bPR #?\d+",
+    flags=re.I,
+)
+
+
+def read(*parts):
+    with open(os.path.join(*parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def gen_charts():
+    path = os.path.join(DOCS, "gen_charts.py")
+    spec = importlib.util.spec_from_file_location("gen_charts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmarks_headline_is_what_the_results_say():
+    charts = gen_charts()
+    page = read(DOCS, "benchmarks.md")
+    section = charts.START + page.split(charts.START, 1)[1].split(charts.END, 1)[0]
+    expected = charts.headline(charts.suite_rows(), charts.overhead_rows())
+    assert section + charts.END == expected, "run python docs/gen_charts.py"
+
+
+def test_home_page_figures_are_the_defaults_measured():
+    charts = gen_charts()
+    rows = charts.suite_rows()
+    home = read(DOCS, "index.md")
+    vs_floor = [r["vs_floor"] for r in rows]
+    assert f"a median {statistics.median(vs_floor):.2f}{TIMES} the time of" in home
+    assert f"over {len(rows)}\n  layouts with diagnostics on" in home
+    assert f"({min(vs_floor):.2f}{DASH}{max(vs_floor):.2f}{TIMES}; `suite.json`)" in home
+    ess = [r["ess"] for r in rows]
+    assert f"{min(ess):.1f}{DASH}{max(ess):.0f}{TIMES} the ESS per" in home
+    many = [r["first"] for r in rows if r["chains"] > r["devices"]]
+    assert f"in {min(many):.2f}{DASH}{max(many):.2f} of its time" in home
+
+
+def fisher_ratios():
+    """chainrunner's default over nutpie's better setting, per model (mean of seeds)."""
+    runs = json.loads(read(RESULTS, "fisher.json"))
+
+    def mean(model, method, key):
+        return statistics.mean(
+            r[key] for r in runs if r["model"] == model and r["method"] == method
+        )
+
+    out = {}
+    for model in sorted({r["model"] for r in runs}):
+        out[model] = {
+            key: mean(model, "cr default", key)
+            / max(mean(model, m, key) for m in ("nutpie diag", "nutpie low rank"))
+            for key in ("ess_per_1000_grad", "ess_per_s")
+        }
+    return out
+
+
+def test_pymc_figures_against_nutpie_are_the_results():
+    ratios = fisher_ratios()
+    per_grad = [r["ess_per_1000_grad"] for r in ratios.values()]
+    per_s = sorted(r["ess_per_s"] for r in ratios.values())
+    words = f"{min(per_grad):.2f}{DASH}{max(per_grad):.2f} of"
+    pymc, home = read(DOCS, "pymc.md"), read(DOCS, "index.md")
+    assert words in pymc and words in home
+    slower = [x for x in per_s if x < 1]
+    faster = [x for x in per_s if x >= 1]
+    assert "faster on\nthree of them" in pymc and len(slower) == 3
+    assert f"at {min(slower):.2f}{DASH}{max(slower):.2f} of its ESS/s" in pymc
+    assert f"({faster[0]:.2f}x)" in pymc
+    assert "nutpie is faster\n  on three of them" in home
+
+
+def test_no_project_history_on_the_pages():
+    found = [
+        f"{page}: {m.group(0)!r}"
+        for page in [*PAGES, os.path.join("..", "README.md")]
+        for m in HISTORY.finditer(read(DOCS, page))
+    ]
+    assert not found, found
+
+
+def test_code_and_output_scroll_instead_of_wrapping():
+    css = read(DOCS, "stylesheets", "extra.css")
+    rule = re.search(r"\.md-typeset pre > code \{(.*?)\}", css, flags=re.S).group(1)
+    assert "white-space: pre;" in rule and "overflow-x: auto" in rule
+    assert "pre-wrap" not in css and "anywhere" not in rule
+
+
+def test_site_can_be_published():
+    config = read(ROOT, "mkdocs.yml")
+    assert re.search(r"^site_url: ", config, flags=re.M)
+    assert "changelog.md" in config and os.path.exists(os.path.join(DOCS, "changelog.md"))
+    excluded = config.split("exclude_docs: |", 1)[1].split("\n\n", 1)[0]
+    assert "ruff.toml" in excluded  # the formatter's settings are not a page asset
+    version = read(ROOT, "chainrunner", "_version.py").split('"')[1]
+    assert f"## {version}" in read(DOCS, "changelog.md")
