@@ -143,6 +143,26 @@ def headline(rows, over):
     return "\n".join(lines)
 
 
+BLUE, ORANGE = "#1f77b4", "#ff7f0e"
+# The third panel's two dots per row: the runner's two layouts against their floors.
+COLOURS = {"chainrunner[vmap]": BLUE, "chainrunner[batch=1]": ORANGE}
+LEGEND = {"chainrunner[vmap]": "None", "chainrunner[batch=1]": "1"}
+
+
+def legend(x0, y):
+    """The third panel's key: which colour is which ``batch_size``."""
+    out = [f'<text x="{x0 + 20}" y="{y}" font-size="10">batch_size</text>']
+    for i, (method, words) in enumerate(LEGEND.items()):
+        x = x0 + 76 + 46 * i
+        out.append(
+            f'<circle cx="{x + 4}" cy="{y - 4}" r="3.5" fill="{COLOURS[method]}"/>'
+        )
+        out.append(
+            f'<text x="{x + 11}" y="{y}" font-size="10">{esc(words)}</text>'
+        )
+    return out
+
+
 def esc(text):
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -161,7 +181,7 @@ def chart(rows, over):
     for r in over:
         key = (r["model"], r["devices"], r["chains"])
         paired.setdefault(key, []).append(
-            (r["ratio"], r["ratio_lo"], r["ratio_hi"])
+            (r["ratio"], r["ratio_lo"], r["ratio_hi"], COLOURS[r["method"]])
         )
     panels = [
         (
@@ -170,7 +190,7 @@ def chart(rows, over):
             1,
             32,
             [1, 2, 4, 8, 16, 32],
-            lambda r: [(r["warm"], None, None)],
+            lambda r: [(r["warm"], None, None, BLUE)],
             1,
         ),
         (
@@ -179,7 +199,7 @@ def chart(rows, over):
             0,
             1.2,
             [0, 0.5, 1],
-            lambda r: [(r["first"], None, None)],
+            lambda r: [(r["first"], None, None, BLUE)],
             1,
         ),
         (
@@ -232,15 +252,16 @@ def chart(rows, over):
             )
         for i, r in enumerate(rows):
             y = top + row_h * i + row_h / 2
-            for v, vlo, vhi in values(r):
+            for v, vlo, vhi, colour in values(r):
                 if vlo is not None:
                     out.append(
                         f'<line x1="{xpos(vlo):.1f}" y1="{y:.1f}" x2="{xpos(vhi):.1f}" '
-                        f'y2="{y:.1f}" stroke="#1f77b4" stroke-width="1.5"/>'
+                        f'y2="{y:.1f}" stroke="{colour}" stroke-width="1.5"/>'
                     )
                 out.append(
-                    f'<circle cx="{xpos(v):.1f}" cy="{y:.1f}" r="3.5" fill="#1f77b4"/>'
+                    f'<circle cx="{xpos(v):.1f}" cy="{y:.1f}" r="3.5" fill="{colour}"/>'
                 )
+    out += legend(left + 2 * (panel_w + gap), top - 10)
     note = (
         "benchmarks/results/suite.json (panels 1-2) and overhead.json (panel 3: "
         "batch_size=None and 1, 90 % intervals); better: right, left, near 1"

@@ -47,6 +47,9 @@ def test_benchmarks_headline_is_what_the_results_say():
     section = charts.START + page.split(charts.START, 1)[1].split(charts.END, 1)[0]
     expected = charts.headline(charts.suite_rows(), charts.overhead_rows())
     assert section + charts.END == expected, "run python docs/gen_charts.py"
+    svg = read(DOCS, "images", "chart-benchmarks.svg")
+    assert svg == charts.chart(charts.suite_rows(), charts.overhead_rows())
+    assert ">batch_size</text>" in svg  # the third panel's two colours have a key
 
 
 def test_home_page_figures_are_the_defaults_measured():
@@ -121,3 +124,24 @@ def test_site_can_be_published():
     assert "ruff.toml" in excluded  # the formatter's settings are not a page asset
     version = read(ROOT, "chainrunner", "_version.py").split('"')[1]
     assert f"## {version}" in read(DOCS, "changelog.md")
+
+
+def test_gpu_figures_are_the_results():
+    runs = json.loads(read(RESULTS, "nuts_fsm-gpu.json"))
+    page = read(DOCS, "gpu.md")
+    names = {"eight_schools": "eight schools", "gaussian_50": "50-d Gaussian"}
+    for r in runs["fixed"]:
+        row = (
+            f"| {names[r['model']]} | {r['width']:,} | {r['speedup']:.2f} "
+            f"| {r['run_speedup']:.2f} | {r['barrier']:.2f} |"
+        )
+        assert row in page, row
+    for model, words in (("eight_schools", "eight schools"), ("gaussian_50", "Gaussian")):
+        run = [r["run_speedup"] for r in runs["fixed"] if r["model"] == model]
+        assert f"{words} {min(run):.1f}-{max(run):.1f}x" in page.replace("\n", " ")
+    adapted = {(r["model"], r["width"]): r["run_speedup"] for r in runs["adapted"]}
+    school = f"{adapted['eight_schools', 1024]:.2f}x (1,024 chains) and "
+    school += f"{adapted['eight_schools', 4096]:.2f}x (4,096)"
+    gauss = f"{adapted['gaussian_50', 1024]:.2f}x and {adapted['gaussian_50', 4096]:.2f}x"
+    flat = page.replace("\n", " ")
+    assert school in flat and gauss in flat

@@ -174,7 +174,7 @@ def test_quickstart_plot_is_of_the_quickstart_run():
     with 1000 draws, converted by the page's ``trace.to_arviz()``."""
     (plot,) = gen.blocks("quickstart.md", "py")
     code = "\n".join(gen.blocks("quickstart.md", "python"))
-    assert re.match(r"az\.plot_trace\(idata\)", plot)
+    assert re.match(r"az\.plot_trace\(idata(, figsize=\(8, 3\.5\))?\)", plot)
     assert "idata = trace.to_arviz()" in code
     assert "start = jax.random.normal(jax.random.key(0), (8, 2))" in code
     assert "cr.run(nuts, jax.random.key(1), start, 1000, num_warmup=500)" in code

@@ -7,7 +7,7 @@
 - ``_pymc``: PyMC models (``pm.Model``), PyMC's JAX log density sampled by blackjax; PyMC
   is optional (``pip install "chainrunner[pymc]"``) and imported only when used.
 
-A new front end implements ``chainrunner.Adapter`` (see docs/contributing.md) and is
+A new front end implements ``chainrunner.Adapter`` (see [contributing](contributing.md)) and is
 recognised in ``as_adapter``.
 """
 
@@ -52,7 +52,7 @@ def from_numpyro(
     ``cr.from_blackjax`` takes: nutpie's ``"fisher_low_rank"`` (the default of
     ``cr.from_pymc``: on the four models of ``benchmarks/bench_numpyro_fisher.py``,
     0.9-1.9x the ESS per gradient of numpyro's better mass matrix, 1.0-4.1x with warmup
-    counted: ``docs/numpyro.md``), ``"fisher"``,
+    counted: [numpyro models](numpyro.md)), ``"fisher"``,
     Stan's ``"window"``, ``"chees"``, ``"pathfinder"``, ... and its ``**options``. Starts,
     draws and ArviZ data stay numpyro's. A ``NUTS(model, ...)``'s ``target_accept_prob``,
     ``max_tree_depth``, ``dense_mass`` (``"window"`` only) and ``init_strategy`` carry
@@ -61,7 +61,7 @@ def from_numpyro(
 
     A new ``NUTS(model)`` of the same model, data and settings (a notebook cell run
     again) reuses the compiled programs; another model, constant or setting never does
-    (``docs/compilation.md``).
+    ([what is compiled when](compilation.md)).
 
     Args:
         kernel: a numpyro ``MCMCKernel``, a model function (run with ``NUTS``), or a
@@ -77,7 +77,7 @@ def from_numpyro(
             inputs, else constants). With ``adaptation=``: constants (``"inputs"`` is an
             error).
         adaptation: ``None`` (numpyro's own), or a name or adaptation function that
-            ``cr.from_blackjax`` takes (``docs/warmup.md``).
+            ``cr.from_blackjax`` takes ([blackjax with warmup](warmup.md)).
         algorithm: with ``adaptation``, the blackjax factory (``None``: the adaptation's
             own, ``blackjax.nuts`` for the HMC family).
         **options: with ``adaptation``, its options (``cr.from_blackjax``), e.g.

@@ -535,7 +535,7 @@ def from_numpyro(
     Args:
         kernel: a numpyro ``MCMCKernel`` (``NUTS``, ``HMC``, ``BarkerMH``, ``SA``, ...;
             the ensemble kernels ``AIES`` and ``ESS`` run their walkers as chains, over
-            the mesh: see ``docs/ensembles.md``), a model function (wrapped in
+            the mesh: see [ensemble samplers](ensembles.md)), a model function (wrapped in
             ``NUTS``), or an existing ``NumpyroKernel`` (rebound to the new arguments,
             if any are given).
         model_args: positional arguments of the model.

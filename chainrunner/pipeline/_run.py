@@ -152,7 +152,7 @@ def run(
             a device's chains in one ``vmap`` (even one chain); ``"auto"`` (the default):
             ``None`` on GPU/TPU (1 with one chain per device); on CPU ``1``, or vmaps
             where the kernel's step is matrix work (XLA's cost analysis) and the run long
-            enough to pay their compile (``docs/batch-size.md``). Decided before the
+            enough to pay their compile ([choosing batch_size](batch-size.md)). Decided before the
             first draw from facts of the call, never a timing: the same call gives the
             same draws in every process. The choice and the facts are in
             ``attrs["batch_size_choice"]``; pin ``batch_size`` for the same draws
@@ -164,7 +164,7 @@ def run(
             2000, the first that holds the run (``progress=False``) or an eighth of it
             (a bar may show: it moves at least 8 times; a terminal never changes the
             chunks); a continued trace's, if longer; fewer where a device's outputs
-            would pass about 64 MiB, at least 250 (``docs/long-runs.md``).
+            would pass about 64 MiB, at least 250 ([long runs](long-runs.md)).
         progress: a progress bar; ``None``: on in a terminal only.
         keep_warmup: keep warmup draws and stats in ``Trace.warmup_draws`` / ``warmup_stats``.
         keep: what to store per draw, to cut memory: a site name or list of names

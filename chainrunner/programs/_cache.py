@@ -29,7 +29,7 @@ def enable_compilation_cache(
     ``jax_persistent_cache_min_entry_size_bytes``): a process-wide setting, so it is a
     call you make, never something chainrunner does on import. Call it once, early; it
     also caches your other JAX programs. Within one process chainrunner keeps its own
-    compiled programs anyway (see ``docs/compilation.md``).
+    compiled programs anyway (see [what is compiled when](compilation.md)).
 
     Args:
         path: the cache folder (created if missing); ``None``:

@@ -29,7 +29,7 @@ def chain_map(
     are sliced back.
 
     Compiled once: the first call with arguments of new shapes traces ``fn`` and finds
-    its compiled program by what it computes (``docs/compilation.md``), so a new
+    its compiled program by what it computes ([what is compiled when](compilation.md)), so a new
     ``chain_map`` of the same function (a notebook cell run again, numpyro's ``MCMC``
     with ``chain_method=cr.chain_map``) or a new process compiles nothing again. Later
     calls of the same mapped function with arguments of those shapes run that program
@@ -42,7 +42,8 @@ def chain_map(
             take 4 devices, none padded); with several processes, all devices.
         batch_size: chains computed together within one device, ``None`` for all, or
             ``"auto"``: 1 on CPU devices, ``None`` on accelerators (a fixed rule;
-            ``run`` decides its own from the call's facts, see ``docs/batch-size.md``).
+            ``run`` decides its own from the call's facts, see
+            [choosing batch_size](batch-size.md)).
 
     Returns:
         A function of the same arguments, each leaf with a leading chain axis. Its

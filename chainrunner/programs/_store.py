@@ -135,7 +135,8 @@ def set_cache(
     chainrunner's programs go there: JAX's persistent cache points at the folder's
     ``jax/`` only while a run compiles, and JAX's settings are put back after it
     (``jax_cache``); for JAX's own persistent cache of all your programs, see
-    ``cr.enable_compilation_cache``. ``docs/compilation.md`` says what is kept and how.
+    ``cr.enable_compilation_cache``. [What is compiled when](compilation.md) says what
+    is kept and how.
 
     Args:
         path: the cache folder (created when first written); ``True``: the default

@@ -56,7 +56,7 @@ def from_blackjax(
     ``energy``) plus ``lp`` from ``state.logdensity``.
 
     With ``adaptation`` the parameters are adapted during ``cr.run``'s
-    ``num_warmup`` steps instead (see docs/warmup.md); ``algorithm`` is then the
+    ``num_warmup`` steps instead (see [blackjax with warmup](warmup.md)); ``algorithm`` is then the
     blackjax *factory* and ``logdensity_fn`` is required. ``adaptation`` is a name below,
     blackjax's function of that adaptation (``blackjax.window_adaptation_low_rank``, ...:
     the options are its keywords, and those it passes on to the factory), or a built
@@ -134,7 +134,8 @@ def from_blackjax(
     Returns:
         A ``Kernel``. With ``adaptation``: an object ``cr.run`` accepts as a kernel. A
         new object of the same computation (a notebook cell run again) compiles nothing
-        again: compiled programs are found by what they compute (``docs/compilation.md``).
+        again: compiled programs are found by what they compute
+        ([what is compiled when](compilation.md)).
 
     Examples:
         >>> import blackjax, jax.numpy as jnp
