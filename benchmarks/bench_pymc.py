@@ -21,7 +21,8 @@ sampling steps do). Processes are interleaved
 (method order rotated each repetition), figures are medians over ``--reps``, and each ratio
 is chainrunner over the best of the other methods (time: < 1 is faster; ESS/s: > 1 is better).
 
-Usage: ``python benchmarks/bench_pymc.py [--reps N] [--devices D] [--draws N] [--quick]``.
+Usage: ``python benchmarks/bench_pymc.py [--reps N] [--devices D] [--draws N] [--quick]
+[--json benchmarks/results/pymc.json]``.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=1000, help="draws per chain")
     parser.add_argument("--tune", type=int, default=1000, help="warmup steps per chain")
     parser.add_argument("--quick", action="store_true", help="eight schools, 4 chains, 100+100")
+    parser.add_argument("--json", help="also write the results (every process) to this file")
     opts = parser.parse_args()
     models, chain_counts = MODELS, CHAINS
     if opts.quick:
@@ -223,11 +225,16 @@ def main() -> None:
             for m in order:
                 got.setdefault((model, chains, m), []).append(child(m, model, chains, opts))
     med = {key: medians(runs) for key, runs in got.items()}
-    print(json.dumps({
+    results = {
         "devices": opts.devices, "reps": opts.reps, "draws": opts.draws, "tune": opts.tune,
         "cpu_count": os.cpu_count(), "methods": methods,
         "median": {"/".join(map(str, k)): v for k, v in med.items()},
-    }, indent=1))  # fmt: skip
+        "runs": {"/".join(map(str, k)): v for k, v in got.items()},
+    }  # fmt: skip
+    print(json.dumps({k: v for k, v in results.items() if k != "runs"}, indent=1))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(results, f, indent=1)
     print()
     print(table(med, methods, cases))
 

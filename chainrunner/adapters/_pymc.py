@@ -569,76 +569,7 @@ def from_pymc(
     jitter_max_retries: int = 10,
     **options: Any,
 ) -> PymcModel:
-    """A PyMC model as a kernel for ``cr.run`` / ``cr.sample``, sampled with blackjax.
-
-    The log density is PyMC's own JAX conversion of the model (``pymc.sampling.jax``), in
-    its unconstrained value space; the sampler is ``cr.from_blackjax(algorithm,
-    logdensity_fn=..., adaptation=..., **options)`` on it. Chains start from PyMC's
-    jittered initial points, drawn from chainrunner's keys (``cr.run(kernel, key, None,
-    n, num_chains=...)``), or from ``initial_position={value variable: unconstrained
-    values}`` (``{"tau_log__": ...}``). Draws come back as ``pm.sample`` returns them:
-    constrained, named as the model's variables, with its ``Deterministic``s; the ArviZ
-    data has the model's coords and dims, ``observed_data``, ``constant_data`` and, with
-    ``log_likelihood=True``, ``log_likelihood``.
-
-    A float64 model runs in 64 bits, under JAX's scoped ``jax.enable_x64(True)`` for each
-    ``run`` of it: the process's ``jax_enable_x64`` stays as it was (``pm.sample``'s JAX
-    samplers turn it on for the whole process). The model's data are constants of
-    the compiled program: after ``pm.set_data``, call ``from_pymc`` again (it recompiles);
-    the kernel built before raises a ``ValueError`` in ``run`` rather than sample the old data.
-
-    Args:
-        model: a ``pm.Model`` with continuous free variables.
-        algorithm: the blackjax factory; ``None`` for the adaptation's own
-            (``blackjax.nuts``; ``blackjax.dynamic_hmc`` for ``"chees"``, ``blackjax.ghmc``
-            for ``"meads"``, ``blackjax.mclmc`` for ``"mclmc"``,
-            ``blackjax.adjusted_mclmc_dynamic`` for ``"adjusted_mclmc"``).
-        adaptation: ``"fisher_low_rank"`` (the default: nutpie's Fisher-divergence
-            adaptation with a low-rank mass matrix, per chain, in the sampling loop),
-            ``"fisher"`` (its diagonal form), ``"window"`` (Stan's), any other
-            name or blackjax adaptation function ``cr.from_blackjax`` takes
-            (``"window_low_rank"``, ``"staged"``, ``"pathfinder"``, ``"mclmc"``,
-            ``"adjusted_mclmc"``: per chain, before sampling; ``"chees"``, ``"meads"``:
-            across chains), or ``None``: no adaptation, the kernel is
-            ``algorithm(logdensity_fn, **options)`` (e.g. ``step_size=0.1``).
-        target_accept: ``pm.sample``'s name for the target acceptance rate (the
-            adaptation's ``target_acceptance_rate``, or ``target`` for
-            ``"adjusted_mclmc"``); ``None`` keeps the adaptation's default.
-        log_likelihood: add the pointwise log likelihood (ArviZ ``log_likelihood``), as
-            ``pm.sample(idata_kwargs={"log_likelihood": True})`` does.
-        initvals: initial values ``{variable or name: value}`` for every chain, over the
-            model's own ``initval``s (as ``pm.sample(initvals=...)``).
-        jitter: add PyMC's ``U(-1, 1)`` jitter to the initial points (unconstrained space).
-        jitter_max_retries: new jitters for a chain whose start has a non-finite log density.
-        **options: the adaptation's options (see ``cr.from_blackjax``), e.g.
-            ``target_acceptance_rate=0.9`` or ``is_mass_matrix_diagonal=False``.
-
-    Returns:
-        A ``PymcModel``: pass it to ``cr.run`` / ``cr.sample``. A new ``pm.Model`` of the
-        same model (a notebook cell run again) compiles nothing again: compiled programs
-        are found by what they compute.
-
-    Raises:
-        ImportError: without PyMC (``pip install "chainrunner[pymc]"``).
-        TypeError, ValueError: for a model with discrete variables, or options the
-            sampler does not take.
-        TypeError: for a keyword of ``pm.sample`` that belongs to ``cr.run`` /
-            ``cr.sample`` (``tune=``, ``draws=``, ``chains=``, ``random_seed=``, ...), with
-            chainrunner's word for it.
-
-    Examples:
-        >>> import jax, numpy as np, pymc as pm
-        >>> import chainrunner as cr
-        >>> with pm.Model(coords={"obs_id": range(3)}) as model:
-        ...     sigma = pm.HalfNormal("sigma")
-        ...     y = pm.Normal("y", 0.0, sigma, observed=np.array([0.5, -1.0, 2.0]), dims="obs_id")
-        >>> idata = cr.sample(cr.from_pymc(model), jax.random.key(0), None, 100,
-        ...                   num_warmup=100, num_chains=4, progress=False)
-        >>> idata.posterior["sigma"].shape, "sigma_log__" in idata.posterior
-        ((4, 100), False)
-        >>> jax.config.jax_enable_x64  # the process's setting, as it was
-        False
-    """
+    """``cr.from_pymc`` (its docstring, in ``chainrunner.adapters``, has the details)."""
     reject_pm_sample_words("from_pymc", options)
     pymc = _pymc()
     _check_model(pymc, model)

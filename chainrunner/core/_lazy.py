@@ -1,4 +1,5 @@
-"""``lazy_cond``: a ``lax.cond`` that still skips its costly branch under ``vmap``.
+"""``lazy_cond`` and ``lazy_switch``: ``lax.cond`` and ``lax.switch`` that still skip the
+branches no chain needs under ``vmap``.
 
 Under ``vmap`` a ``lax.cond`` whose predicate differs per batch member becomes a
 ``select``: both branches run for every member, every time. A kernel's step is vmapped
@@ -7,11 +8,13 @@ only some steps need (the low-rank mass matrix, during warmup only) would run on
 step of sampling too. ``lazy_cond`` batches differently: it runs the costly branch, for
 the whole batch, only when at least one member needs it, and selects per member after.
 The chains of one run are in step, so that is exactly the steps that need it.
+``lazy_switch`` does the same for several branches (the low-rank metric at the width each
+chain's directions need), each member taking its own branch's output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -67,3 +70,71 @@ def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any) 
         return out, jax.tree.map(lambda _: True, out)
 
     return chosen(pred, operand)
+
+
+def lazy_switch(index: jax.Array, branches: Sequence[Callable], operand: Any) -> Any:
+    """``branches[index](operand)``; under ``vmap`` each branch runs, for the whole batch,
+    only when some member's ``index`` names it, and each member takes its own branch's
+    output.
+
+    Each member gets what its own branch computes, whatever the other members of its batch
+    need: the result of a chain does not depend on which chains share its batch (the same
+    draws on every layout). Where every member names the same branch (the common case),
+    that branch runs once.
+
+    Args:
+        index: a scalar int32 in ``[0, len(branches))`` (batched under ``vmap``).
+        branches: functions of ``operand`` with the same output structure; they must not
+            close over traced values (pass those in ``operand``).
+        operand: a pytree of arrays.
+
+    Returns:
+        The chosen branch's output.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> f = lambda i, x: lazy_switch(i, [lambda x: x, lambda x: x * 2.0], x)
+        >>> jax.vmap(f)(jnp.array([1, 0]), jnp.array([1.0, 1.0]))
+        Array([2., 1.], dtype=float32)
+    """
+    branches = list(branches)
+
+    @custom_vmap
+    def chosen(index, operand):
+        return jax.lax.switch(index, branches, operand)
+
+    @chosen.def_vmap
+    def rule(axis_size, in_batched, index, operand):
+        index_batched, operand_batched = in_batched
+        operand = jax.tree.map(lambda x, b: _broadcast(x, b, axis_size), operand, operand_batched)
+        hot = [jax.vmap(b) for b in branches]
+        if not index_batched:
+            out = jax.lax.switch(index, hot, operand)
+        else:
+            out = _each_branch(index, hot, operand)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return chosen(index, operand)
+
+
+def _each_branch(index: jax.Array, hot: list[Callable], operand: Any) -> Any:
+    """The branches the members name, smallest index first, each for the whole batch (one
+    round where they all name the same); each member keeps its own branch's output."""
+    shapes = jax.eval_shape(hot[0], operand)
+    out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    done = jnp.zeros(index.shape, bool)
+
+    def more(carry):
+        return ~jnp.all(carry[0])
+
+    def one(carry):
+        done, out = carry
+        i = jnp.min(jnp.where(done, len(hot), index))
+        mine = index == i
+        new = jax.lax.switch(i, hot, operand)
+        out = jax.tree.map(
+            lambda x, y: jnp.where(mine.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), new, out
+        )
+        return done | mine, out
+
+    return jax.lax.while_loop(more, one, (done, out))[1]

@@ -39,6 +39,7 @@ from jax.flatten_util import ravel_pytree
 
 from ...core._kernel import Kernel
 from ...core._lazy import lazy_cond
+from ._low_rank_width import following_metric
 from ._warmup_window import InLoop, adaptive_kernel, strong
 
 OPTIONS = {
@@ -564,4 +565,7 @@ def fisher_in_loop(logdensity_fn: Callable, num_warmup: int, options: dict,
             )
         return step_size, jnp.ones(dim, dtype)
 
-    return InLoop(init, adapt, initial, float(options["step_size_jitter"]), machine=not low_rank)
+    jitter = float(options["step_size_jitter"])
+    if low_rank:
+        return InLoop(init, adapt, initial, jitter, machine=False, metric=following_metric)
+    return InLoop(init, adapt, initial, jitter)

@@ -118,6 +118,9 @@ class InLoop(NamedTuple):
             time the machine processes ended transitions (every few ticks): worth it only
             where it is cheap, as Stan's window and the diagonal Fisher are
             (docs/batches.md has the measurements).
+        metric: ``metric(inverse_mass_matrix)``: what the kernel is built with from the
+            adapted matrix (``None``: the matrix itself). The low-rank Fisher metric runs
+            at the width its informative directions need (``_low_rank_width``).
     """
 
     init: Callable
@@ -125,6 +128,7 @@ class InLoop(NamedTuple):
     initial: Callable
     jitter: float = 0.0
     machine: bool = True
+    metric: Callable | None = None
 
 
 def _window_in_loop(num_warmup: int, options: dict) -> InLoop:
@@ -170,6 +174,8 @@ def adaptive_kernel(
     """
 
     def build(step_size, inverse_mass_matrix):
+        if spec.metric is not None:
+            inverse_mass_matrix = spec.metric(inverse_mass_matrix)
         return algorithm(logdensity_fn, step_size, inverse_mass_matrix, **extra)
 
     def init(position, rng_key):
