@@ -126,6 +126,8 @@ def test_pymc_time_to_posterior_is_the_results():
     second = [c for cells in rows.values() for c in (cells[1], cells[3])]
     words = f"{min(second):.2f}{DASH}{max(second):.2f}"
     assert words in pymc and words in home, words
+    first = [c for cells in rows.values() for c in (cells[0], cells[2])]
+    assert f"gets {min(first):.2f}{DASH}{max(first):.2f} of nutpie's" in pymc
 
 
 def test_no_project_history_on_the_pages():
