@@ -16,8 +16,9 @@ left them. The process runs on ``--devices`` CPU devices (2: the machine's cores
 per process: its wall time (spawn to exit, measured by the parent) and its phases
 (imports, model, front end, compile, sampling with warmup, the rest: diagnostics and
 ArviZ); the figure is the smallest of bulk and tail ESS over the free variables per second
-of the whole process. Ratios: chainrunner over the better of nutpie and PyMC's numpyro
-path, per model, from processes interleaved in one run.
+of the whole process. Round ``r`` (``--reps``) gives every tool seed ``r``, so the
+medians average the ESS of several seeds. Ratios: chainrunner over the better of nutpie
+and PyMC's numpyro path, per model, from processes interleaved in one run.
 
     python benchmarks/bench_time_to_posterior.py [--reps 1] [--models ...] [--json out]
 """
@@ -57,8 +58,9 @@ def _min_ess(idata, names) -> float:
     return smallest
 
 
-def child(model_name: str, method: str, t_start: float) -> dict:
-    """One process's work, phase by phase (``t_start``: the parent's clock at spawn)."""
+def child(model_name: str, method: str, t_start: float, seed: int = 0) -> dict:
+    """One process's work, phase by phase (``t_start``: the parent's clock at spawn;
+    ``seed``: every tool's seed, the round's number)."""
     t0 = time.time()
     import pymc as pm
 
@@ -82,7 +84,7 @@ def child(model_name: str, method: str, t_start: float) -> dict:
         phases["front_end"] = time.time() - t
         t = time.time()
         # cr.sample's two steps, to read the trace's timings.
-        trace = cr.run(kernel, jax.random.key(0), None, DRAWS, num_warmup=TUNE,
+        trace = cr.run(kernel, jax.random.key(seed), None, DRAWS, num_warmup=TUNE,
                        num_chains=CHAINS, progress=False)  # fmt: skip
         idata = trace.to_arviz()
         total = time.time() - t
@@ -93,11 +95,11 @@ def child(model_name: str, method: str, t_start: float) -> dict:
         compiled = nutpie.compile_pymc_model(model)
         phases["front_end"] = time.time() - t
         t = time.time()
-        idata = nutpie.sample(compiled, draws=DRAWS, tune=TUNE, chains=CHAINS, seed=0,
+        idata = nutpie.sample(compiled, draws=DRAWS, tune=TUNE, chains=CHAINS, seed=seed,
                               progress_bar=False)  # fmt: skip
         phases["sampling"] = time.time() - t
     else:
-        idata = pm.sample(draws=DRAWS, tune=TUNE, chains=CHAINS, model=model, random_seed=0,
+        idata = pm.sample(draws=DRAWS, tune=TUNE, chains=CHAINS, model=model, random_seed=seed,
                           nuts_sampler="numpyro", progressbar=False)  # fmt: skip
         phases["sampling"] = time.time() - t
     t = time.time()
@@ -118,15 +120,15 @@ def _environment(cache: str, devices: int) -> dict:
     return env
 
 
-def measure(model: str, method: str, cache: str, devices: int) -> dict:
+def measure(model: str, method: str, cache: str, devices: int, seed: int) -> dict:
     """One whole process: wall time from spawn to exit, and what it reported."""
     code = (
         "import sys, json, time; sys.path.insert(0, %r); import bench_time_to_posterior as b; "
-        "print('RESULT' + json.dumps(b.child(%r, %r, %r)))"
+        "print('RESULT' + json.dumps(b.child(%r, %r, %r, %r)))"
     )
     t0 = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", code % (HERE, model, method, t0)],
+        [sys.executable, "-c", code % (HERE, model, method, t0, seed)],
         env=_environment(cache, devices), capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.time() - t0
@@ -157,7 +159,7 @@ def main() -> None:
                 cache = tempfile.mkdtemp(prefix="ttp-")
                 try:
                     for run in ("first", "second"):
-                        row = measure(model, method, cache, args.devices)
+                        row = measure(model, method, cache, args.devices, rep)
                         row.update(model=model, method=method, run=run, rep=rep)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
