@@ -87,6 +87,22 @@ def test_a_random_draw_at_trace_time_is_a_new_program_each_time():
     assert first >= 1 and second >= 1
 
 
+def test_a_constant_passed_as_an_argument_is_in_the_lowered_key():
+    """JAX 0.12 lowers a constant over 1 KiB to an argument of the executable, so two
+    programs that differ only in its values have the same text: each gets its own."""
+    c = np.zeros(3000, np.float32)
+
+    def program():  # a new jit each time: found by its key only
+        return jax.jit(lambda x: x + jnp.asarray(c)[1500:1503])
+
+    x = jnp.zeros(3)
+    np.testing.assert_array_equal(_compile.compiled("test", program(), (x,))[0](x), 0.0)
+    c[1500:1503] = 5.0  # in place, after its program was kept
+    np.testing.assert_array_equal(_compile.compiled("test", program(), (x,))[0](x), 5.0)
+    c = np.zeros(3000, np.float32)  # a new array of the first values: not the kept
+    np.testing.assert_array_equal(_compile.compiled("test", program(), (x,))[0](x), 0.0)
+
+
 def test_a_global_of_the_users_own_module(tmp_path, monkeypatch):
     (tmp_path / "cr_usercfg.py").write_text("MU = 0.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))

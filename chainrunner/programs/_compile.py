@@ -68,7 +68,7 @@ def _claim(key: str) -> tuple[Any, threading.Event | None]:
     while True:
         with _PENDING_LOCK:
             found, executable = _EXECUTABLES.lookup(key)
-            if found:
+            if found and _holds_its_constants(executable):
                 return executable, None
             pending = _PENDING.get(key)
             if pending is None:
@@ -101,7 +101,7 @@ def compiled(
     by_trace = _traced_key(traced, args, devices)
     found, key = _BY_TRACE.lookup(by_trace) if by_trace is not None else (False, None)
     found, executable = _EXECUTABLES.lookup(key) if found else (False, None)
-    if found:  # this process lowered the very same trace before: no lowering again
+    if found and _holds_its_constants(executable):  # the very same trace, lowered before
         return executable, time.perf_counter() - t0
     stored = _load_traced(kind, by_trace, devices)
     if stored is not None:  # another process compiled the very same trace
@@ -132,22 +132,34 @@ def _lower_and_find(
     that key (``None`` for a program never kept)."""
     lower_counts[kind] += 1
     lowered = traced.lower()
-    text = lowered.as_text()
-    if _store.calls_python(text):  # its callbacks are not in the text: never shared
+    text, constants = lowered.as_text(), _jaxpr.constants(traced.jaxpr)
+    held = _jaxpr.values_digest(constants)
+    # Its callbacks are not in the text, nor are constants that cannot be read: never
+    # shared. The constants JAX passes as arguments are not in the text: they join it.
+    if _store.calls_python(text) or held is None:
         return _compile_only(kind, lowered, text), None
+    text += f"\n// constants {held}"
     key = program_key(text, args, traced.out_info, devices)
     executable, pending = _claim(key)
     if pending is None:
         return executable, key
     try:
-        executable = _EXECUTABLES.put(
-            key, _load_or_compile(kind, lowered, text, (key, by_trace), devices)
-        )
+        executable = _load_or_compile(kind, lowered, text, (key, by_trace), devices)
+        executable.constants = (constants, held)
+        _EXECUTABLES.put(key, executable)
     finally:
         with _PENDING_LOCK:
             del _PENDING[key]
         pending.set()
     return executable, key
+
+
+def _holds_its_constants(program: _store.Program) -> bool:
+    """Whether the constants ``program`` was compiled with still hold the values its key
+    names. JAX may pass a constant to the executable by reference: a numpy array the
+    model closes over, changed in place since, would change what a kept program computes."""
+    values, held = program.constants
+    return not values or _jaxpr.values_digest(values) == held
 
 
 def _traced_key(traced: Any, args: tuple, devices: list | None) -> str | None:

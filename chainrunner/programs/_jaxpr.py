@@ -14,7 +14,10 @@ only misses. A digest that cannot be trusted is not made at all (``None``):
 - the program calls back into Python (its callbacks are Python functions);
 - a constant whose values cannot be read.
 
-A program the digest cannot key is lowered, and found by its lowered text instead.
+A program the digest cannot key is lowered, and found by its lowered text instead. That
+text does not hold every constant either: JAX 0.12 passes a constant larger than
+``jax_embedded_constants_max_bytes`` (1 KiB) to the executable as an argument, and the
+text shows only its shape. So the lowered key adds ``constants_digest``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,58 @@ def digest(jaxpr: Any) -> str | None:
     except _NotKeyable:
         return None
     return h.hexdigest()
+
+
+def constants_digest(jaxpr: Any) -> str | None:
+    """A digest of the values of ``jaxpr``'s constants at any depth (``ClosedJaxpr.consts``),
+    the ones JAX may pass to its executable as arguments; ``None`` where one cannot be
+    read (such a program is never shared).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> def of(c):
+        ...     f = lambda x: x + jnp.asarray(c)[1500:1503]
+        ...     return constants_digest(jax.jit(f).trace(jnp.ones(3)).jaxpr)
+        >>> of(np.zeros(3000)) == of(np.zeros(3000))
+        True
+        >>> c = np.zeros(3000)
+        >>> c[1500] = 5.0  # (JAX 0.12 lowers both to the same text)
+        >>> of(np.zeros(3000)) == of(c)
+        False
+    """
+    return values_digest(constants(jaxpr))
+
+
+def values_digest(values: Any) -> str | None:
+    """A digest of ``values`` (arrays): dtypes, shapes and bytes; ``None`` where one
+    cannot be read."""
+    h = hashlib.blake2b(digest_size=24)
+    try:
+        for value in values:
+            _update(h, value)
+    except _NotKeyable:
+        return None
+    return h.hexdigest()
+
+
+def constants(jaxpr: Any) -> list:
+    """The constants of ``jaxpr`` and of the jaxprs in its parameters, depth first. JAX
+    may keep them by reference (a numpy array the model closes over, not copied)."""
+    return list(_consts(jaxpr))
+
+
+def _consts(jaxpr: Any) -> Any:
+    """The constants of ``jaxpr`` and of the jaxprs in its parameters, depth first."""
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        yield from getattr(j, "consts", ())
+        inner = j if hasattr(j, "eqns") else j.jaxpr
+        for eqn in inner.eqns:
+            stack.extend(reversed(list(_jaxprs_in(eqn.params))))
 
 
 class _NotKeyable(Exception):

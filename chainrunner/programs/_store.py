@@ -190,6 +190,9 @@ class Program:
 
     def __init__(self, executable: Any, digest: str):
         self.executable, self.digest = executable, digest
+        # The constants it was compiled with, and their digest then (``_compile``); a
+        # program loaded from disk holds copies of its own.
+        self.constants: tuple = ((), None)
 
     def __call__(self, *args: Any) -> Any:
         return self.executable(*args)
