@@ -2,7 +2,7 @@
 
 Each operation equals blackjax's every-column metric (within rounding), the gradient of
 the kinetic energy included; a chain's result does not depend on which chains share its
-batch (bit for bit); a ``fisher_low_rank`` run whose warmup keeps a few of 12 directions
+batch (bit for bit); a ``fisher_low_rank`` run whose warmup keeps a few of 16 directions
 samples a correlated Gaussian within Monte-Carlo error, and the same call gives the same
 draws.
 """
@@ -86,12 +86,13 @@ def test_lazy_switch_under_vmap_map_and_grad_free_branches():
     np.testing.assert_array_equal(jax.vmap(f, (None, 0))(jnp.int32(1), x), 2.0 * x)
 
 
-# A 12-d Gaussian: scales 0.1 to 10, one strongly correlated pair (one direction to keep).
-SD = np.geomspace(0.1, 10.0, 12)
-CORR = np.eye(12)
-CORR[10, 11] = CORR[11, 10] = 0.95
+# A 16-d Gaussian (the narrow width runs from 16 directions on): scales 0.1 to 10, one
+# strongly correlated pair (one direction to keep).
+SD = np.geomspace(0.1, 10.0, 16)
+CORR = np.eye(16)
+CORR[14, 15] = CORR[15, 14] = 0.95
 PREC = jnp.asarray(np.linalg.inv(CORR * np.outer(SD, SD)), jnp.float32)
-X0 = jnp.full((5, 12), 0.5)  # 5 chains: padded on 2 devices
+X0 = jnp.full((5, 16), 0.5)  # 5 chains: padded on 2 devices
 
 
 def _run(devices, batch_size="auto", n=1000, warmup=500):
@@ -105,7 +106,7 @@ def _run(devices, batch_size="auto", n=1000, warmup=500):
 def test_a_few_directions_sample_the_gaussian_at_the_narrow_width():
     trace = _run(2)
     imm = cr.adapted_parameters(trace)["inverse_mass_matrix"]
-    assert imm.U.shape == (5, 12, 12)
+    assert imm.U.shape == (5, 16, 16)
     kept = np.asarray(imm.lam != 1).sum(axis=1)
     assert 1 <= kept.min() and kept.max() <= 8, kept  # the width-8 branch ran
     draws = np.asarray(trace.draws, np.float64)
