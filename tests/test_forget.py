@@ -68,8 +68,12 @@ def test_window_adaptation_then_windows_with_thinning_and_kept_warmup():
 
 
 def test_long_enough_adaptation_adds_nothing():
+    # At stationarity the first window's nested R-hat (12 chains of 20 draws, 2 superchains,
+    # iid normal draws, 4000 simulations) exceeds 1.01 in 35% of runs and 1.05 in 0.03%:
+    # a chain that forgot passes the looser target on the first window, whatever the seed.
+    target = cr.Forgotten(nested_rhat=1.05, window=20, max_draws=400)
     nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=_logdensity, adaptation="window")
-    trace = cr.run(nuts, jax.random.key(2), X0, 40, num_warmup=200, warmup_until=TARGET, **KW)
+    trace = cr.run(nuts, jax.random.key(2), X0, 40, num_warmup=200, warmup_until=target, **KW)
     assert trace.attrs["warmup_forgotten"] and trace.attrs["burn_in_steps"] == 0
     fixed = cr.run(nuts, jax.random.key(2), X0, 40, num_warmup=200, **KW)
     assert np.array_equal(trace.draws, fixed.draws)

@@ -142,9 +142,9 @@ def following_metric(imm: Any) -> Any:
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> from blackjax.mcmc.metrics import LowRankInverseMassMatrix, default_metric
-        >>> lam = jnp.ones(10).at[0].set(4.0)  # one direction kept of 10
-        >>> imm = LowRankInverseMassMatrix(jnp.ones(12), jnp.eye(12)[:, :10], lam)
-        >>> p = jnp.arange(12.0)
+        >>> lam = jnp.ones(16).at[0].set(4.0)  # one direction kept of 16
+        >>> imm = LowRankInverseMassMatrix(jnp.ones(20), jnp.eye(20)[:, :16], lam)
+        >>> p = jnp.arange(20.0)
         >>> a = following_metric(imm).kinetic_energy(p)
         >>> b = default_metric(imm).kinetic_energy(p)
         >>> bool(jnp.allclose(a, b))
