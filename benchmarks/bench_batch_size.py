@@ -259,6 +259,11 @@ def warm_applies(r):
     return (r["e2e_s"][m] - r["warm_s"][m]) < LONG_COMPILE_SHARE * r["e2e_s"][m]
 
 
+def _api(method):
+    """A method as the API writes its ``batch_size`` (``b=all`` is ``None``)."""
+    return "None" if method == "b=all" else method
+
+
 def table(rows):
     lines = [
         "| jax | model | chains | dev | auto chose | warm/best | e2e/best | warm/floor "
@@ -273,7 +278,8 @@ def table(rows):
             f"| {r['jax']} | {r['model']}{steps} | {r['chains']} | {r['devices']} | {r['chosen']} "
             f"| {flag(r['warm_vs_best'], warm_target)} | {flag(r['e2e_vs_best'], TARGET_E2E)} "
             f"| {flag(r['warm_vs_floor'], TARGET_FLOOR)} | {flag(r['b1_warm_vs_floor'], math.inf)} "
-            f"| {r['best_warm']} | {r['best_e2e']} | {'yes' if warm_applies(r) else 'no'} |"
+            f"| {_api(r['best_warm'])} | {_api(r['best_e2e'])} "
+            f"| {'yes' if warm_applies(r) else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -7,10 +7,12 @@ driven by Playwright) at 1280 and 390 px, and must show:
   tables inside the theme's scroll wrapper);
 - no block of code or output whose lines wrap (each would restart at column 0 and lose
   its indentation);
+- no table wider than its column without the line that says so (``scroll-hint.js``);
 - no word of the project's own history (``HISTORY``; tests/test_docs_figures.py reads
   the pages' sources for the same words).
 
-Run by ``nox -s docs`` after the build; by hand::
+Every collapsed block is opened first, as a reader would. Run by ``nox -s docs`` after
+the build; by hand::
 
     python docs/check_browser.py site [--shots DIR]
 """
@@ -33,7 +35,10 @@ HISTORY = re.compile(
 )
 SHOTS = ("index", "quickstart", "pymc", "benchmarks")
 
-# In the page: what overflows the screen, and which code blocks wrap.
+OPEN_ALL = "() => document.querySelectorAll('details').forEach((d) => { d.open = true; })"
+
+# In the page: what overflows the screen, which code blocks wrap, which wide tables
+# have no hint.
 MEASURE = """() => {
   const width = document.documentElement.clientWidth;
   const scrolls = (el) => {
@@ -55,7 +60,15 @@ MEASURE = """() => {
     const ws = getComputedStyle(code).whiteSpace;
     if (ws !== "pre") wrapped.push("white-space: " + ws + ": " + code.innerText.slice(0, 40));
   }
-  return {wide: wide.slice(0, 5), wrapped: wrapped.slice(0, 5),
+  const unhinted = [];
+  for (const wrap of document.querySelectorAll(".md-content .md-typeset__scrollwrap")) {
+    const hint = wrap.previousElementSibling;
+    if (wrap.scrollWidth > wrap.clientWidth + 1
+        && !(hint && hint.classList.contains("scroll-hint"))) {
+      unhinted.push(wrap.innerText.slice(0, 40));
+    }
+  }
+  return {wide: wide.slice(0, 5), wrapped: wrapped.slice(0, 5), unhinted: unhinted.slice(0, 5),
           text: document.querySelector(".md-content").innerText};
 }"""
 
@@ -94,8 +107,14 @@ def check(site, shots=None):
             page = browser.new_page(viewport={"width": width, "height": 900})
             for rel in sorted(pages(site)):
                 page.goto(base + rel, wait_until="load")
-                found = page.evaluate(MEASURE)
                 name = rel or "index"
+                if shots and name.strip("/") in SHOTS:
+                    os.makedirs(shots, exist_ok=True)
+                    path = os.path.join(shots, f"{name.strip('/')}-{width}.png")
+                    page.screenshot(path=path, full_page=False)
+                page.evaluate(OPEN_ALL)
+                page.wait_for_timeout(100)  # (the toggle events' hints)
+                found = page.evaluate(MEASURE)
                 problems += [
                     f"{name} @{width}: too wide: {w}" for w in found["wide"]
                 ]
@@ -103,13 +122,13 @@ def check(site, shots=None):
                     f"{name} @{width}: wraps: {w}" for w in found["wrapped"]
                 ]
                 problems += [
+                    f"{name} @{width}: a wide table says nothing: {w}"
+                    for w in found["unhinted"]
+                ]
+                problems += [
                     f"{name} @{width}: history: {m.group(0)!r}"
                     for m in history.finditer(found["text"])
                 ]
-                if shots and name.strip("/") in SHOTS:
-                    os.makedirs(shots, exist_ok=True)
-                    path = os.path.join(shots, f"{name.strip('/')}-{width}.png")
-                    page.screenshot(path=path, full_page=False)
             page.close()
         browser.close()
     server.shutdown()

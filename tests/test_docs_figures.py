@@ -154,6 +154,20 @@ def test_site_can_be_published():
     assert "ruff.toml" in excluded  # the formatter's settings are not a page asset
     version = read(ROOT, "chainrunner", "_version.py").split('"')[1]
     assert f"## {version}" in read(DOCS, "changelog.md")
+    # The repository's link, where the host names it; a wide table says it scrolls.
+    assert re.search(r"^repo_url: !ENV READTHEDOCS_GIT_CLONE_URL$", config, flags=re.M)
+    assert "javascripts/scroll-hint.js" in config
+    assert "scroll-hint" in read(DOCS, "javascripts", "scroll-hint.js")
+
+
+def test_the_api_value_of_a_vmap_over_every_chain_is_none():
+    """The pages write ``batch_size=None`` as the API does, never ``all``."""
+    found = [
+        f"{page}: {m.group(0)!r}"
+        for page in PAGES
+        for m in re.finditer(r"batch_size=all|\bb=all\b(?!`)|\| all \||/ all\b", read(DOCS, page))
+    ]
+    assert not found, found
 
 
 def test_gpu_figures_are_the_results():
