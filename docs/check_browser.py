@@ -61,7 +61,8 @@ MEASURE = """() => {
     if (ws !== "pre") wrapped.push("white-space: " + ws + ": " + code.innerText.slice(0, 40));
   }
   const unhinted = [];
-  for (const wrap of document.querySelectorAll(".md-content .md-typeset__scrollwrap")) {
+  for (const wrap of document.querySelectorAll(
+      ".md-content .md-typeset__scrollwrap, .md-content p:has(> img[src$='chart-benchmarks.svg'])")) {
     const hint = wrap.previousElementSibling;
     if (wrap.scrollWidth > wrap.clientWidth + 1
         && !(hint && hint.classList.contains("scroll-hint"))) {
