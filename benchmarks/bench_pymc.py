@@ -4,7 +4,7 @@ The same PyMC models (eight schools non-centred with coords, a hierarchical line
 with ``pm.Data``, a model with bounded and simplex variables), each sampled by
 
 - ``chainrunner``: ``cr.sample(cr.from_pymc(model), key, None, draws, num_warmup=tune,
-  num_chains=chains)`` (blackjax NUTS, window adaptation);
+  num_chains=chains)`` (blackjax NUTS, its default Fisher low-rank adaptation);
 - ``pymc_numpyro`` / ``pymc_blackjax``: ``pm.sample(nuts_sampler="numpyro"|"blackjax")``
   (``chain_method="parallel"`` when the chains fit the devices, else ``"vectorized"``);
 - ``nutpie``: ``nutpie.sample(nutpie.compile_pymc_model(model))`` (its default numba
@@ -28,9 +28,11 @@ Usage: ``python benchmarks/bench_pymc.py [--reps N] [--devices D] [--draws N] [-
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -226,6 +228,7 @@ def main() -> None:
                 got.setdefault((model, chains, m), []).append(child(m, model, chains, opts))
     med = {key: medians(runs) for key, runs in got.items()}
     results = {
+        "python": platform.python_version(), "jax": importlib.metadata.version("jax"),
         "devices": opts.devices, "reps": opts.reps, "draws": opts.draws, "tune": opts.tune,
         "cpu_count": os.cpu_count(), "methods": methods,
         "median": {"/".join(map(str, k)): v for k, v in med.items()},

@@ -130,6 +130,36 @@ def test_pymc_time_to_posterior_is_the_results():
     assert f"gets {min(first):.2f}{DASH}{max(first):.2f} of nutpie's" in pymc
 
 
+PYMC_LABELS = {
+    "eight_schools": "eight schools",
+    "hierarchical_linear": "hierarchical linear",
+    "bounded_simplex": "bounded + simplex",
+}
+
+
+def test_pymc_three_models_are_the_results():
+    """The PyMC page's two tables of ``bench_pymc.py`` are ``benchmarks/results/pymc.json``."""
+    pymc = read(DOCS, "pymc.md")
+    med = json.loads(read(RESULTS, "pymc.json"))["median"]
+    for model, label in PYMC_LABELS.items():
+        for chains in (4, 64):
+            ours, *peers = (
+                med[f"{model}/{chains}/{m}"] for m in ("chainrunner", "pymc_numpyro", "nutpie")
+            )
+            first = ours["first"] / min(p["first"] for p in peers)
+            repeat = ours["repeat"] / min(p["repeat"] for p in peers)
+            ess = ours["ess_per_s"] / max(p["ess_per_s"] for p in peers)
+            line = f"| {label} | {chains} | {first:.2f} | {repeat:.2f} | {ess:.2f} |"
+            assert line in pymc, line
+            nut = peers[1]
+            line = (
+                f"| {label} | {chains} | {1000 * ours['ess_per_grad']:.1f} / "
+                f"{1000 * nut['ess_per_grad']:.1f} | {ours['us_per_grad']:.1f} / "
+                f"{nut['us_per_grad']:.1f} | {ours['divergences']:.0f} / {nut['divergences']:.0f} |"
+            )
+            assert line in pymc, line
+
+
 def test_no_project_history_on_the_pages():
     found = [
         f"{page}: {m.group(0)!r}"
