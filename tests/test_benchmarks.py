@@ -64,8 +64,7 @@ def test_batch_size_grid_flags_misses_and_rows_without_floors():
     text = b.table([row, long])
     assert "| 0.12 | matmul | 64 | 2 | 8 | 1.01 | 1.20 ✗ | 0.67 | 1.33 | b=8 | b=8 | no |" in text
     assert (
-        "| matmul (2000+2000) | 64 | 2 | 8 | 1.20 ✗ | 1.20 ✗ | - | - | None | None | yes |"
-        in text
+        "| matmul (2000+2000) | 64 | 2 | 8 | 1.20 ✗ | 1.20 ✗ | - | - | None | None | yes |" in text
     )
     assert b.summary([row, long]).startswith(
         "All 2 rows: default within 1.1 of the best fixed `batch_size` end to end on 0. On "
