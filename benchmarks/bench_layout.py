@@ -19,7 +19,9 @@ draws on the host:
   ``window_adaptation(...).run`` then the scan, under the vmap);
 - ``map``: the hand-written ``jit(shard_map(lax.map(scan)))``, chains one after another.
 
-``warm/best`` is the default's time over the better of ``vmap`` and ``map``.
+``warm/best`` is the default's time over the better of ``vmap`` and ``map``;
+``sampling/best`` the default's ``attrs["sampling_time"]`` (its loop, without finding
+its programs, the diagnostics and the trace) over the same.
 
 **Cold**: the whole first call (``cr.run``, after the imports and the model) in a fresh
 process with the program cache off (``CHAINRUNNER_CACHE=off``), for the default,
@@ -167,17 +169,23 @@ def warm_row(row: str, reps: int) -> dict:
     for how in WARM[1:]:
         calls[how]()
     times = {how: [] for how in WARM}
+    sampling = {how: [] for how in WARM[:3]}
     rng = np.random.default_rng(0)
     for _ in range(reps):
         for how in rng.permutation(WARM):
             t0 = time.perf_counter()
-            calls[how]()
+            out = calls[how]()
             times[how].append(time.perf_counter() - t0)
+            if how in sampling:
+                sampling[how].append(out.attrs["sampling_time"])
     med = {how: float(np.median(t)) for how, t in times.items()}
+    sampled = {how: float(np.median(t)) for how, t in sampling.items()}
+    best = min(med["vmap"], med["map"])
     import jax
 
-    return {"row": row, "jax": jax.__version__, "warm_s": med, "chosen": chosen,
-            "warm_vs_best": med["default"] / min(med["vmap"], med["map"])}  # fmt: skip
+    return {"row": row, "jax": jax.__version__, "warm_s": med, "sampling_s": sampled,
+            "chosen": chosen, "warm_vs_best": med["default"] / best,
+            "sampling_vs_best": sampled["default"] / best}  # fmt: skip
 
 
 def cold_child(row: str, how: str) -> None:
@@ -218,16 +226,16 @@ def stack(python: str, rows: list[str], reps: int, cold_reps: int) -> list[dict]
 
 
 def table(results: list[dict]) -> str:
-    head = "| jax | row | default | warm/best | cold/best | warm s: default / 1 / None / "
-    head += "vmap / map | cold s: default / 1 / None |"
-    lines = [head, "|---|---|---|---:|---:|---|---|"]
+    head = "| jax | row | default | warm/best | sampling/best | cold/best | warm s: default / 1 "
+    head += "/ None / vmap / map | cold s: default / 1 / None |"
+    lines = [head, "|---|---|---|---:|---:|---:|---|---|"]
     for r in results:
         w, c = r["warm_s"], r.get("cold_s", {})
         cold = " / ".join(f"{c[h]:.2f}" for h in COLD) if c else "-"
         ratio = f"{r['cold_vs_best']:.2f}" if c else "-"
         lines.append(
             f"| {r['jax']} | {r['row']} | {r['chosen'].split(' (')[0]} | "
-            f"{r['warm_vs_best']:.2f} | {ratio} | "
+            f"{r['warm_vs_best']:.2f} | {r['sampling_vs_best']:.2f} | {ratio} | "
             f"{' / '.join(f'{w[h]:.2f}' for h in WARM)} | {cold} |"
         )
     return "\n".join(lines)

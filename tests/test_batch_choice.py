@@ -37,26 +37,48 @@ def run(batch_size="auto", num_samples=40, mesh=4, **kw):
 def long_runs(monkeypatch):
     """Makes every run "long" at the rule's rates: a step costs a second a flop."""
     monkeypatch.setattr(_choose, "FLOPS_PER_S", 1.0)
-    monkeypatch.setattr(_choose, "MIN_CHAIN_STEPS", 0)
     monkeypatch.setattr(_choose, "MATRIX_FLOPS", 1.0)
-    _choose._COSTS.clear()
-    yield
-    _choose._COSTS.clear()
 
 
-def test_a_short_run_keeps_batch_size_one_without_costing_the_step(monkeypatch):
-    """Fewer than ``MIN_CHAIN_STEPS`` steps x chains per device: ``1``, the step not even
-    traced; the draws are ``batch_size=1``'s, on any device count."""
-    costed = []
-    monkeypatch.setattr(_choose, "step_flops", lambda start: costed.append(start))
+def test_a_short_run_keeps_batch_size_one(monkeypatch):
+    """A short run of a small model: ``1``, with the step's cost in the reason; the draws
+    are ``batch_size=1``'s, on any device count. The rule has no timing in it."""
     auto = run()
-    assert auto.attrs["batch_size"] == 1 and costed == []
-    assert auto.attrs["batch_size_choice"] == (
-        "auto: 1, chains one after another (40 steps x 3 chains per device: a short run)"
+    assert auto.attrs["batch_size"] == 1
+    assert auto.attrs["batch_size_choice"].startswith(
+        "auto: 1, chains one after another (40 steps x 3 chains per device, "
     )
     np.testing.assert_array_equal(auto.draws, run(batch_size=1).draws)
     np.testing.assert_array_equal(auto.draws, run(mesh=8).draws)  # 1 on 8 devices too
     assert "batch_size_probe_time" not in auto.attrs
+
+
+def test_compile_options_follow_the_layout_and_the_step(monkeypatch):
+    """``1`` on CPU with a step under ``MATRIX_FLOPS`` compiles with less optimisation (a
+    fact of the call: the same options in every process, part of the program's key);
+    a vmap, matrix work and an unknown step keep XLA's defaults. The draws of ``1`` are
+    those of the plain loop still: the same with auto and given."""
+    start = types.SimpleNamespace(kernel=as_adapter(NUTS).build_kernel(num_warmup=0),
+                                  state=None, position=X0, cross_chain=False)  # fmt: skip
+    mesh = cr.chain_mesh(2)
+    cheap = _choose.compile_options(start, mesh, 1)
+    names = {"xla_cpu_use_fusion_emitters"} if _choose._old_jax() else {
+        "xla_backend_optimization_level"}  # fmt: skip
+    assert {k for k, _ in cheap} == names
+    assert _choose.compile_options(start, mesh, None) == ()
+    assert _choose.compile_options(start, mesh, 8) == ()
+    monkeypatch.setattr(_choose, "step_flops", lambda start: 2 * _choose.MATRIX_FLOPS)
+    assert _choose.compile_options(start, mesh, 1) == ()
+    monkeypatch.setattr(_choose, "step_flops", lambda start: None)
+    assert _choose.compile_options(start, mesh, 1) == ()
+    monkeypatch.undo()
+    seen = []
+    real = _loop.compile_loop
+    monkeypatch.setattr(_loop, "compile_loop", lambda k, plan, placed, *a, **kw: (
+        seen.append(placed.options), real(k, plan, placed, *a, **kw))[1])  # fmt: skip
+    run(batch_size=1)
+    run(batch_size=None)
+    assert seen == [cheap, ()]
 
 
 def test_a_long_matrix_run_takes_vmaps_decided_before_the_loop(long_runs, monkeypatch):
@@ -114,7 +136,6 @@ def test_the_rule_on_its_facts(monkeypatch):
     assert choose(1000, warmup=1000, chains=8, devices=8).batch_size == 1  # 1.7 s: too short
     assert choose(40000, chains=8, devices=8).batch_size is None  # 34 s: a vmap of one
     assert "less than its 3 s compile" in choose(20000, chains=8, devices=8).reason  # 17 s
-    assert choose(200).batch_size == 1  # 6400 chain-steps per device: not costed
     flops["value"] = 1e3  # a small model: a vmap is not faster on jax >= 0.11
     monkeypatch.setattr(_choose, "_old_jax", lambda: False)
     assert "a vmap is not faster" in choose(100000).reason
@@ -135,8 +156,10 @@ def test_the_rule_on_its_facts(monkeypatch):
     assert "unknown" in choose(100000).reason
 
 
-def test_step_flops_come_from_xla_and_grow_with_the_model():
-    """``step_flops``: XLA's cost analysis of one chain's lowered step, cached."""
+def test_step_flops_are_read_from_the_one_trace_of_the_step(monkeypatch):
+    """``step_flops``: the arithmetic of one chain's step, read from the jaxpr of the trace
+    the run makes anyway (``kernel_step``, also the draw's shape): one trace per kernel
+    and shapes, nothing lowered; it grows with the model."""
     X = np.random.default_rng(0).normal(size=(2000, 20)).astype(np.float32)
 
     def logistic(b):
@@ -151,6 +174,32 @@ def test_step_flops_come_from_xla_and_grow_with_the_model():
     assert 0 < small < 1e4 and big > 2 * 2000 * 20  # the matrix-vector product, at least
     assert big > _choose.MATRIX_FLOPS > small
 
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", None)  # XLA is not asked
+    assert _choose.step_flops(start_of(blackjax.nuts(logistic, 0.2, jnp.ones(20)), 20)) == big
+
+
+def test_a_run_traces_its_kernels_step_once(monkeypatch):
+    """The rule's cost of the step, the draw's shape and the chunk program all read one
+    trace of the kernel's step (``kernel_step``): a run that costs its step traces the
+    kernel's Python once, and a second call of it not at all; its draws are the same."""
+    traced = []
+
+    def step(rng_key, state):
+        traced.append(1)
+        return NUTS.step(rng_key, state)
+
+    kernel = cr.Kernel(init=NUTS.init, step=step)
+    first = cr.run(kernel, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
+                   warn=False, keep=lambda state, info: state.position[:2])  # fmt: skip
+    assert len(traced) == 1 and first.attrs["batch_size"] == 1
+    again = cr.run(kernel, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
+                   warn=False, keep=lambda state, info: state.position[:2])  # fmt: skip
+    assert len(traced) == 1
+    np.testing.assert_array_equal(first.draws, again.draws)
+    plain = cr.run(NUTS, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
+                   warn=False)  # fmt: skip
+    np.testing.assert_array_equal(first.draws, plain.draws[..., :2])
+
 
 _SAME_CALL = textwrap.dedent(
     """
@@ -162,7 +211,7 @@ _SAME_CALL = textwrap.dedent(
     from chainrunner.programs import _choose
 
     # Rates that make this short run "long" and its step matrix work: the rule picks a vmap
-    _choose.FLOPS_PER_S, _choose.MATRIX_FLOPS, _choose.MIN_CHAIN_STEPS = 1e5, 1e3, 0
+    _choose.FLOPS_PER_S, _choose.MATRIX_FLOPS = 1e5, 1e3
     rng = np.random.default_rng(0)
     A = rng.normal(size=(50, 50)).astype(np.float32)
     P = jnp.asarray(A @ A.T / 50 + np.eye(50, dtype=np.float32))  # a correlated Gaussian

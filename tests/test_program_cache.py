@@ -166,6 +166,23 @@ def test_another_mesh_or_devices_is_another_program():
     assert same == 0 and one >= 1 and other >= 1
 
 
+def test_compile_options_are_part_of_the_key():
+    """The same computation compiled with other XLA options (``_choose.compile_options``)
+    is another program, found again by the same options (in the cache folder too)."""
+    f = jax.jit(lambda x: jnp.cumsum(jnp.sin(x) * 1.25))
+    x = jax.device_put(jnp.arange(5.0))
+    version = tuple(int(p) for p in jax.__version__.split(".")[:2])
+    name = "xla_cpu_use_fusion_emitters" if version < (0, 11) else "xla_backend_optimization_level"
+    cheap = ((name, False if version < (0, 11) else 1),)
+    before = _compile.compile_counts["options"]
+    plain, _ = _compile.compiled("options", f, (x,))
+    again, _ = _compile.compiled("options", f, (x,))
+    other, _ = _compile.compiled("options", f, (x,), options=cheap)
+    assert _compile.compile_counts["options"] - before == 2 and again is plain
+    assert other is not plain and other is _compile.compiled("options", f, (x,), options=cheap)[0]
+    np.testing.assert_allclose(np.asarray(other(x)), np.asarray(plain(x)), rtol=1e-6)
+
+
 def test_programs_that_call_python_are_never_shared():
     """A callback is named in the program's text by a number only: two programs with
     other callbacks can have the same text. Such programs compile every time."""

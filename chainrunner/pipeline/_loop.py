@@ -130,6 +130,7 @@ def compile_loop(
         chunk_program(kernel, mesh, b, sched.chunk_len, sched.thinning, plan.keep, n, least),
         (state, placed.chains, placed.key, *zero, params),
         on_traced,
+        placed.options,
     )
     rows = [x.shape[1] for x in jax.tree.leaves(program.out_info[1])]
     fitted = sched._replace(chunk_len=rows[0] if rows else sched.chunk_len, fit=False)

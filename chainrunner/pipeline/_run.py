@@ -151,7 +151,7 @@ def run(
             of that many, each a ``vmap``; 1: a plain loop, no ``vmap``); ``None``: all of
             a device's chains in one ``vmap`` (even one chain); ``"auto"`` (the default):
             ``None`` on GPU/TPU (1 with one chain per device); on CPU ``1``, or vmaps
-            where the kernel's step is matrix work (XLA's cost analysis) and the run long
+            where the kernel's step is matrix work (flops counted from its trace) and the run long
             enough to pay their compile ([choosing batch_size](batch-size.md)). Decided before the
             first draw from facts of the call, never a timing: the same call gives the
             same draws in every process. The choice and the facts are in

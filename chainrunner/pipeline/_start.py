@@ -154,6 +154,7 @@ class Placement(NamedTuple):
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
+        options: XLA's options for the chunk program (``_choose.compile_options``).
     """
 
     mesh: Mesh
@@ -163,6 +164,7 @@ class Placement(NamedTuple):
     init_chains: jax.Array
     key: jax.Array
     params: Any
+    options: tuple = ()
 
 
 @functools.lru_cache(maxsize=16)
@@ -230,4 +232,5 @@ def place(plan: Plan, start: Start) -> Placement:
         init_chains=_placed_ids(n, layout.padded, mesh, plan.superchains),
         key=_mesh.replicate(plan.rng_key, mesh),
         params=replicate_params(start.kernel, mesh),
+        options=_choose.compile_options(start, mesh, choice.batch_size),
     )

@@ -4,17 +4,18 @@ A device advances its chains one after another (``batch_size=1``) or together in
 vmaps (``8``: vmaps of 8 chains; ``None``: one over all). The choice is made once, in
 the ``place`` stage, from facts that are the same every time the same call runs: the
 device kind, the chains per device, the run's length, the JAX version and the cost of
-one kernel step as XLA counts it (``step_flops``: the flops of the lowered step,
-a while loop's body counted once). Never a timing: the same script with the same seed
-gives the same batch size, and so the same draws, in every process.
+one kernel step (``step_flops``: the arithmetic of the step's jaxpr, a while loop's body
+counted once, read from the one trace of the step the run makes anyway). Never a
+timing: the same script with the same seed gives the same batch size, and so the same
+draws, in every process. The same facts give the chunk program's XLA options
+(``compile_options``).
 
 The rule (``docs/batch-size.md`` has the measurements behind each constant):
 
 - an explicit ``batch_size`` is used as given; an ensemble takes its own width
   (``_ensemble.auto_width``); a continued trace its trace's batch size;
 - GPU and TPU: one ``vmap`` over a device's chains (``1`` with one chain per device);
-- CPU: ``1`` for runs of fewer than ``MIN_CHAIN_STEPS`` steps x chains per device
-  (the step is not costed); otherwise ``1``, unless a ``vmap`` is expected to sample
+- CPU: ``1``, unless a ``vmap`` is expected to sample
   faster (``expected_speedup``) **and** the time it would save on the run's estimated
   sampling time with ``1`` (``estimate``) is more than the extra compile of a vmapped
   program (``VMAP_COMPILE_S``). A vmap is expected to be faster where one step is
@@ -34,13 +35,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
-from ..core._lru import LRU
 from ..layout import _mesh
 from . import _ensemble
-from ._compile import TRACE_LOCK, signature
+from ._jaxpr import flops
+from ._programs import kernel_step
 
 VMAP_COMPILE_S = 3.0
 """Seconds a vmapped NUTS program compiles longer than the ``1`` program on CPU (measured
@@ -71,15 +71,11 @@ and later: the grid's eight schools, 23-47 and 5-12 microseconds per chain-step.
 FLOPS_PER_S = 1.2e9
 """A device's rate on a step's flops (the grid's logistic regression: about 400
 microseconds per chain-step for 4.7e5 flops)."""
-MIN_CHAIN_STEPS = 10_000
-"""Runs of fewer steps x chains per device keep ``1`` without costing the step (a vmap
-would need a step of over 2e6 flops to pay its compile there)."""
 WIDEST = 8
 """A step of matrix work with more chains per device: vmaps of this many (8 was faster
 than one vmap of all on the grid's logistic and matmul rows at 64 and 4096 chains). A
 small model on jax < 0.11 takes one vmap of all: on the long rows of 64 chains on 2
 devices, 1.6-1.8x the speed of vmaps of 8 (``benchmarks/results/batch_size-long-rows.json``)."""
-_COSTS = LRU(64)
 
 
 class Choice(NamedTuple):
@@ -115,11 +111,9 @@ def on_cpu(plan: Any, start: Any, mesh: Mesh) -> Choice:
     per_device = -(-start.num_chains // mesh.shape[_mesh.AXIS])
     steps = (0 if start.cross_chain else plan.num_warmup) + plan.num_samples
     old = _old_jax()
-    if steps * per_device < MIN_CHAIN_STEPS:  # not costed: the step is not traced
-        return Choice(1, _one(f"{steps} steps x {per_device} chains per device: a short run"))
     flops = step_flops(start)
     if flops is None:
-        return Choice(1, _one("the step's cost is unknown (XLA gave no cost analysis)"))
+        return Choice(1, _one("the step's cost is unknown (its trace failed)"))
     seconds = estimate(steps, per_device, flops, old)
     facts = (
         f"{steps} steps x {per_device} chains per device, {flops:.3g} flops a step: about "
@@ -156,6 +150,28 @@ def expected_speedup(
     return None
 
 
+def compile_options(start: Any, mesh: Mesh, batch_size: int | None) -> tuple:
+    """XLA's options for the chunk program (items of ``Lowered.compile``'s dict): a fact
+    of the layout, the step and the JAX version, never a timing. Chains one after another
+    on CPU (``1``) whose step is no matrix work compile with less optimisation, where it
+    cost their sampling nothing measurable (``bench_layout.py``: 2 CPU devices, NUTS, the
+    first call with the cache off): on jax >= 0.11, LLVM's level 1 (the chunk program 0.4
+    to 0.55 s faster to compile on eight schools, fixed and window-adapted, and the 50-d
+    Gaussian, sampling within 3 %); on jax 0.10, XLA's older emitters for fusions (0.35 to
+    0.55 s faster, sampling within 6 %). Matrix work and vmaps keep XLA's defaults: the
+    logistic regression with ``1`` sampled 8 % slower at level 1, a vmapped 50-d Gaussian
+    13-46 % slower with either. Accelerators keep theirs."""
+    cpu = mesh.devices.flat[0].platform == "cpu"
+    if not cpu or batch_size != 1 or start.cross_chain or start.kernel.ensemble is not None:
+        return ()
+    flops = step_flops(start)
+    if flops is None or flops >= MATRIX_FLOPS:
+        return ()
+    if _old_jax():
+        return (("xla_cpu_use_fusion_emitters", False),)
+    return (("xla_backend_optimization_level", 1),)
+
+
 def _one(facts: str) -> str:
     return f"auto: 1, chains one after another ({facts})"
 
@@ -167,31 +183,12 @@ def estimate(steps: int, per_device: int, flops: float, old_jax: bool) -> float:
 
 
 def step_flops(start: Any) -> float | None:
-    """Flops of one chain's kernel step, from XLA's cost analysis of the lowered step
-    (nothing compiled; cached per kernel and shapes). ``None`` where XLA gives none."""
-    kernel = start.kernel
-    batched = start.position if start.state is None else start.state
-    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batched)
-    key = (kernel.functions, start.state is None, signature((one, kernel.params)))
-    return _COSTS.get(key, lambda: _lowered_flops(kernel, one, start.state is None))
-
-
-def _lowered_flops(kernel: Any, one: Any, fresh: bool) -> float | None:
-    rng = jax.random.key(0)
-
-    def state_of(position, params):
-        return kernel.bind(params).init(position, rng) if fresh else position
-
-    def step(state, params):
-        return kernel.bind(params).step(rng, state)
-
+    """Flops of one chain's kernel step (``_jaxpr.flops``), read from the step's trace that
+    the run makes anyway (``_programs.kernel_step``, which also gives the draw's shape):
+    nothing extra is traced or lowered. ``None`` where the step does not trace (its error
+    surfaces at init, with the run's diagnosis)."""
     try:
-        with TRACE_LOCK:
-            state = jax.eval_shape(state_of, one, kernel.params)
-            cost = jax.jit(step).lower(state, kernel.params).cost_analysis()
-    except Exception:  # a kernel XLA cannot cost stays with 1; its errors surface at init
+        stepped = kernel_step(start.kernel, start.position, start.state)
+    except Exception:
         return None
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    flops = None if not cost else cost.get("flops")
-    return None if flops is None or flops < 0 else float(flops)
+    return flops(stepped.jaxpr)

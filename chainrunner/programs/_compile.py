@@ -82,6 +82,7 @@ def compiled(
     program: Callable,
     args: tuple,
     on_traced: Callable[[Any], None] | None = None,
+    options: tuple = (),
 ) -> tuple[_store.Program, float]:
     """``program`` (a ``jax.jit``) compiled for ``args``, and the seconds it took.
 
@@ -90,7 +91,8 @@ def compiled(
     the cache folder; else the program is lowered, and it comes by ``program_key`` from
     this process's cache, the cache folder, or XLA (then stored under both keys).
     ``on_traced(out_info)`` is called once the program is traced, before it is lowered.
-    ``kind`` names the program in ``compile_counts``.
+    ``kind`` names the program in ``compile_counts``; ``options``: XLA's compile options
+    (``_choose.compile_options``), part of both keys.
     """
     t0 = time.perf_counter()
     with TRACE_LOCK:
@@ -98,7 +100,7 @@ def compiled(
     if on_traced is not None:
         on_traced(traced.out_info)
     devices = mesh_devices(args)
-    by_trace = _traced_key(traced, args, devices)
+    by_trace = _traced_key(traced, args, devices, options)
     found, key = _BY_TRACE.lookup(by_trace) if by_trace is not None else (False, None)
     found, executable = _EXECUTABLES.lookup(key) if found else (False, None)
     if found and _holds_its_constants(executable):  # the very same trace, lowered before
@@ -106,7 +108,7 @@ def compiled(
     stored = _load_traced(kind, by_trace, devices)
     if stored is not None:  # another process compiled the very same trace
         return stored, time.perf_counter() - t0
-    executable, key = _lower_and_find(kind, traced, args, devices, by_trace)
+    executable, key = _lower_and_find(kind, traced, args, devices, by_trace, options)
     if by_trace is not None and key is not None:
         _BY_TRACE.put(by_trace, key)
     return executable, time.perf_counter() - t0
@@ -125,8 +127,9 @@ def _load_traced(kind: str, by_trace: str | None, devices: list | None) -> Any:
 
 
 def _lower_and_find(
-    kind: str, traced: Any, args: tuple, devices: list | None, by_trace: str | None
-) -> tuple[_store.Program, str | None]:
+    kind: str, traced: Any, args: tuple, devices: list | None, by_trace: str | None,
+    options: tuple,
+) -> tuple[_store.Program, str | None]:  # fmt: skip
     """``traced`` lowered, and its executable found by ``program_key`` (in this process,
     the cache folder, or compiled; a fresh compile is stored under ``by_trace`` too), with
     that key (``None`` for a program never kept)."""
@@ -137,14 +140,14 @@ def _lower_and_find(
     # Its callbacks are not in the text, nor are constants that cannot be read: never
     # shared. The constants JAX passes as arguments are not in the text: they join it.
     if _store.calls_python(text) or held is None:
-        return _compile_only(kind, lowered, text), None
-    text += f"\n// constants {held}"
+        return _compile_only(kind, lowered, text, options), None
+    text += f"\n// constants {held}{_options_words(options)}"
     key = program_key(text, args, traced.out_info, devices)
     executable, pending = _claim(key)
     if pending is None:
         return executable, key
     try:
-        executable = _load_or_compile(kind, lowered, text, (key, by_trace), devices)
+        executable = _load_or_compile(kind, lowered, text, (key, by_trace), devices, options)
         executable.constants = (constants, held)
         _EXECUTABLES.put(key, executable)
     finally:
@@ -162,13 +165,17 @@ def _holds_its_constants(program: _store.Program) -> bool:
     return not values or _jaxpr.values_digest(values) == held
 
 
-def _traced_key(traced: Any, args: tuple, devices: list | None) -> str | None:
+def _traced_key(traced: Any, args: tuple, devices: list | None, options: tuple) -> str | None:
     """The key of a traced program (``_jaxpr.digest`` of its jaxpr, with the key's other
     parts), or ``None`` where the jaxpr cannot be keyed."""
     digest = _jaxpr.digest(traced.jaxpr)
     if digest is None:
         return None
-    return program_key(digest, args, traced.out_info, devices)
+    return program_key(digest + _options_words(options), args, traced.out_info, devices)
+
+
+def _options_words(options: tuple) -> str:
+    return f"\n// options {list(options)}" if options else ""
 
 
 def program_key(text: str, args: Any, out_info: Any, devices: list | None) -> str:
@@ -194,17 +201,17 @@ def program_key(text: str, args: Any, out_info: Any, devices: list | None) -> st
     return h.hexdigest()
 
 
-def _compile_only(kind: str, lowered: Any, text: str) -> _store.Program:
+def _compile_only(kind: str, lowered: Any, text: str, options: tuple) -> _store.Program:
     """A program that calls back into Python (``jax.debug.print``, ``pure_callback``):
     its text names each callback by a number only, so two programs with other callbacks
     can have the same text. Compiled every time, never kept."""
     compile_counts[kind] += 1
     digest = hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
-    return _store.Program(lowered.compile(), digest)
+    return _store.Program(lowered.compile(dict(options)) if options else lowered.compile(), digest)
 
 
 def _load_or_compile(
-    kind: str, lowered: Any, text: str, keys: tuple, devices: list | None
+    kind: str, lowered: Any, text: str, keys: tuple, devices: list | None, options: tuple
 ) -> _store.Program:
     """The program from the cache folder under ``keys[0]``, or compiled by XLA (and then
     stored there under each of ``keys`` that is not ``None``).
@@ -217,7 +224,7 @@ def _load_or_compile(
         if loaded is not None:
             load_counts[kind] += 1
             return loaded
-    executable, fresh = _store.compile_fresh(lowered)
+    executable, fresh = _store.compile_fresh(lowered, options)
     compile_counts[kind] += 1
     program = _store.Program(executable, digest)
     if devices is not None and fresh:  # (JAX's cache served it: it stays there)

@@ -8,6 +8,7 @@ random numbers a chain sees. Both programs derive the keys themselves from the r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -83,37 +84,38 @@ class StepTrace(NamedTuple):
     draw: Any
 
 
-def advance_fn(kernel: Kernel, thinning: int) -> Callable:
+def advance_fn(kernel: Kernel, thinning: int, step: Callable | None = None) -> Callable:
     """``advance(state, keys) -> (state, (draws, stats))``: ``thinning`` kernel steps with
-    ``keys`` (one per step), then the kernel's extract."""
+    ``keys`` (one per step), then the kernel's extract; ``step``: the kernel's step
+    (``kernel.step`` unless given, e.g. replayed from its jaxpr)."""
+    step = kernel.step if step is None else step
 
     def one_step(keys, j, state):
-        return kernel.step(keys[j], state)[0]
+        return step(keys[j], state)[0]
 
     def advance(state, keys):
         if thinning > 1:
             state = jax.lax.fori_loop(0, thinning - 1, functools.partial(one_step, keys), state)
-        state, info = kernel.step(keys[thinning - 1], state)
+        state, info = step(keys[thinning - 1], state)
         return state, kernel.extract(state, info)
 
     return advance
 
 
-def trace_step(kernel: Kernel, thinning: int, state: Any, key: Any) -> StepTrace:
+def trace_step(
+    kernel: Kernel, thinning: int, state: Any, key: Any, step: Callable | None = None
+) -> StepTrace:
     """``advance_fn``'s one draw traced to a jaxpr for one chain of ``state`` (leading
-    chain axis; arrays, tracers or shape structs), with keys like ``key``.
+    chain axis; arrays, tracers or shape structs), with keys like ``key``; ``step``: the
+    kernel's step as ``advance_fn`` takes it.
 
     Works inside another trace: what the kernel closes over (its params) becomes the
     jaxpr's constants, replayed as they are.
     """
-
-    def struct(x: Any, shape: tuple) -> jax.ShapeDtypeStruct:
-        aval = getattr(x, "aval", x)
-        return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
-
-    one = jax.tree.map(lambda x: struct(x, np.shape(x)[1:]), state)
-    keys = struct(key, (thinning,))
-    closed, shape = jax.make_jaxpr(advance_fn(kernel, thinning), return_shape=True)(one, keys)
+    one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), state)
+    keys = _struct(key, (thinning,))
+    advance = advance_fn(kernel, thinning, step)
+    closed, shape = jax.make_jaxpr(advance, return_shape=True)(one, keys)
     fun, tree = jaxpr_as_fun(closed), jax.tree.structure(shape)
 
     def replay(state, keys):
@@ -238,39 +240,128 @@ def apply_keep(kernel: Kernel, keep: Any) -> Kernel:
 
 
 _DRAW_SHAPES = LRU(64)
+_STEPS = LRU(64)
+_INITS = LRU(64)
+
+
+class KernelStep(NamedTuple):
+    """One chain's kernel step, traced once (``kernel_step``): its jaxpr and what it returns."""
+
+    jaxpr: Any
+    """The step's ``ClosedJaxpr``: ``(rng_key, state, params) -> (state, info)``, leaves."""
+    state: Any
+    """Shape structs of the state the step returns."""
+    info: Any
+    """Shape structs of the step's info."""
+
+    def call(self, rng_key: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        """The step replayed from its jaxpr (no second trace of the kernel's Python)."""
+        out = jaxpr_as_fun(self.jaxpr)(*jax.tree.leaves((rng_key, state, params)))
+        return jax.tree.unflatten(jax.tree.structure((self.state, self.info)), out)
+
+
+def kernel_step(kernel: Kernel, position: Any, state: Any) -> KernelStep:
+    """One chain's step traced (nothing compiled), from one chain's init where ``state`` is
+    ``None``: the one trace of the kernel's step that ``draw_shape``, the batch-size rule
+    (``_choose.step_flops``) and the chunk program (``sample_chunk``) all read.
+    ``position``/``state``: the run's (leading chain axis), one of them ``None``. Cached
+    per kernel functions, shapes and trace settings."""
+    one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), (position, state))
+    if state is None:
+        key = (kernel.functions, signature((one[0], kernel.params)), trace_settings())
+        found, init = _INITS.lookup(key)
+        one = (None, init if found else _INITS.put(key, _init_shape(kernel, one[0])))
+    return _step_of(kernel, one[1], _struct(jax.random.key(0), ()), TRACE_LOCK)
+
+
+def _step_key(kernel: Kernel, state: Any, rng_key: Any, settings: tuple) -> tuple:
+    return (kernel.functions, signature((state, rng_key, kernel.params)), settings)
+
+
+def _outer_step(kernel: Kernel, state: Any, rng_key: Any) -> KernelStep:
+    """Inside a program's ``shard_map`` (``TRACE_LOCK`` held): the step as ``kernel_step``
+    traced it outside any mesh, where it did; else traced here, under the program's mesh
+    (a jaxpr traced there carries that mesh in its types: kept apart by its key)."""
+    outside = (*trace_settings()[:-1], _NO_MESH)
+    found, stepped = _STEPS.lookup(_step_key(kernel, state, rng_key, outside))
+    return stepped if found else _step_of(kernel, state, rng_key, contextlib.nullcontext())
+
+
+_NO_MESH = "no mesh"
+
+
+def _step_settings() -> tuple:
+    """``trace_settings``, with one name for every context without a mesh."""
+    settings = trace_settings()
+    mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
+    if mesh is None or getattr(mesh, "empty", False):
+        return (*settings[:-1], _NO_MESH)
+    return settings
+
+
+def _replay(stepped: KernelStep, params: Any, rng_key: Any, state: Any) -> tuple[Any, Any]:
+    return stepped.call(rng_key, state, params)
+
+
+def _struct(x: Any, shape: tuple) -> jax.ShapeDtypeStruct:
+    aval = getattr(x, "aval", x)
+    return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+def _init_shape(kernel: Kernel, position: Any) -> Any:
+    rng = jax.random.key(0)
+
+    def init(position, params):
+        return kernel.bind(params).init(position, rng)
+
+    with TRACE_LOCK:
+        return jax.eval_shape(init, position, kernel.params)
+
+
+def _step_of(kernel: Kernel, state: Any, rng_key: Any, lock: Any) -> KernelStep:
+    """The step traced for one chain's ``state`` and ``rng_key`` structs, under ``lock``
+    (``TRACE_LOCK``, or a null context inside a trace that holds it). Never built under
+    the cache's lock: a thread tracing a program (holding ``TRACE_LOCK``) looks it up too."""
+    key = _step_key(kernel, state, rng_key, _step_settings())
+    found, stepped = _STEPS.lookup(key)
+    if found:
+        return stepped
+
+    def step(rng_key, state, params):
+        return kernel.bind(params).step(rng_key, state)
+
+    with lock:
+        jaxpr, out = jax.make_jaxpr(step, return_shape=True)(rng_key, state, kernel.params)
+    return _STEPS.put(key, KernelStep(jaxpr, *out))
 
 
 def draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
     """Shape structs of one chain's draw and stats: what a chunk stores per draw.
 
-    From an abstract trace (``eval_shape``: nothing compiled) of one chain's init (where
-    ``state`` is ``None``), step and extract, with ``keep`` applied, so bad ``keep=``
+    From an abstract trace (nothing compiled) of one chain's init (where ``state`` is
+    ``None``), step (``kernel_step``) and extract, with ``keep`` applied, so bad ``keep=``
     names raise here; cached per kernel, ``keep`` and shapes. ``position``/``state`` are
     the run's (leading chain axis), one of them ``None``; ``n``: the real chains (an
     ensemble's walkers).
     """
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), (position, state))
     key = (kernel.functions, keep, n, signature((one, kernel.params)), trace_settings())
-    return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, one, n))
+    return _DRAW_SHAPES.get(key, lambda: _draw_shape(kernel, keep, position, state, n))
 
 
-def _draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, one: Any, n: int) -> Any:
-    """``draw_shape``, uncached; ``one``: one chain's ``(position, state)`` structs."""
+def _draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
+    """``draw_shape``, uncached."""
     if kernel.ensemble is not None:
         extract_of = functools.partial(_kept_extract, kernel, keep)
         with TRACE_LOCK:
             return _ensemble.draw_shape(kernel, extract_of, position, state, n)
-    key = jax.random.key(0)
+    stepped = kernel_step(kernel, position, state)
 
-    def probe(position, state, params):
-        k = apply_keep(kernel.bind(params), keep)
-        if state is None:
-            state = k.init(position, key)
-        state, info = k.step(key, state)
-        return k.extract(state, info)
+    def extract(state, info, params):
+        return apply_keep(kernel.bind(params), keep).extract(state, info)
 
     with TRACE_LOCK:
-        return jax.eval_shape(probe, *one, kernel.params)
+        return jax.eval_shape(extract, stepped.state, stepped.info, kernel.params)
 
 
 def _kept_extract(kernel: Kernel, keep: Any, params: Any) -> Callable:
@@ -329,7 +420,10 @@ def chunk_program(
     def sample_chunk(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
         k = apply_keep(kernel.bind(params), keep)
-        step = trace_step(k, thinning, state, rng_key)
+        one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), state)
+        # The step's one trace (``kernel_step``: the rule and the draw's shape read it too)
+        stepped = _outer_step(kernel, one, _struct(rng_key, ()))
+        step = trace_step(k, thinning, state, rng_key, functools.partial(_replay, stepped, params))
         rows = chunk_len
         if least is not None:
             rows = fitted_rows(chunk_len, least, jax.tree.leaves(state)[0].shape[0], step.draw)

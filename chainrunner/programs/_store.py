@@ -355,8 +355,8 @@ def _on_event(event: str, **_: Any) -> None:
         _served.add(threading.get_ident())
 
 
-def compile_fresh(lowered: Any) -> tuple[Any, bool]:
-    """``(lowered.compile(), whether XLA compiled it)``: ``False`` where JAX's persistent
+def compile_fresh(lowered: Any, options: tuple = ()) -> tuple[Any, bool]:
+    """``(lowered.compile(options), whether XLA compiled it)``: ``False`` where JAX's persistent
     cache served it. Measured: an executable JAX's cache loaded, serialized again into
     ``programs/``, fails in the next process (XLA's CPU client: ``NOT_FOUND: Function
     wrapped_iota not found``), so ``save`` is given only executables XLA compiled.
@@ -367,7 +367,7 @@ def compile_fresh(lowered: Any) -> tuple[Any, bool]:
             _listening.append(True)
     me = threading.get_ident()
     _served.discard(me)
-    executable = lowered.compile()
+    executable = lowered.compile(dict(options)) if options else lowered.compile()
     served = me in _served
     _served.discard(me)
     return executable, not served

@@ -172,13 +172,10 @@ def from_blackjax(
             f"step (e.g. blackjax.nuts(logdensity_fn, step_size, inverse_mass_matrix)), got "
             f"{type(algorithm).__name__}."
         )
-
-    def init(position, rng_key):
-        return algorithm.init(position, rng_key)
-
     spec = _nuts_fsm.nuts_spec(algorithm)
     machine = None if spec is None else functools.partial(_nuts_fsm.chunk_machine, spec)
-    return Kernel(init=init, step=algorithm.step, machine=machine)
+    # The algorithm's own functions (the same objects on every call: its traces are reused)
+    return Kernel(init=algorithm.init, step=algorithm.step, machine=machine)
 
 
 _DEFAULTS = {
