@@ -219,3 +219,21 @@ def test_gpu_figures_are_the_results():
     gauss = f"{adapted['gaussian_50', 1024]:.2f}x and {adapted['gaussian_50', 4096]:.2f}x"
     flat = page.replace("\n", " ")
     assert school in flat and gauss in flat
+
+
+def test_layout_table_is_the_results():
+    """``batch-size.md``'s warm and cold table is ``bench_layout.py``'s, row by row."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_layout", os.path.join(ROOT, "benchmarks", "bench_layout.py")
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = json.loads(read(RESULTS, "layout.json"))["rows"]
+    page = read(DOCS, "batch-size.md")
+    assert {r["jax"][:4] for r in rows} == {"0.10", "0.12"} and len(rows) == 10
+    for line in bench.table(rows).splitlines():
+        assert line in page, line
+    cold = [r["cold_vs_best"] for r in rows]
+    assert sorted(cold)[-2] <= 1.04 < max(cold) == rows[8]["cold_vs_best"]
+    warm = [r["sampling_vs_best"] for r in rows if r["jax"].startswith("0.12")]
+    assert f"within {min(warm):.2f}-{max(warm):.2f} of the faster" in page

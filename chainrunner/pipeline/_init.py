@@ -66,7 +66,7 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
         placed.params,
     )
     b, n = layout.batch_size, layout.num_chains
-    init, dt = compiled("init", init_program(kernel, mesh, b, n), args, on_traced)
+    init, dt = compiled("init", init_program(kernel, mesh, b, n), args, on_traced, placed.options)
     state, lp = init(*args)
     if kernel.logdensity is None:
         return state, None, dt

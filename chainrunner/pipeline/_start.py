@@ -154,7 +154,7 @@ class Placement(NamedTuple):
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
-        options: XLA's options for the chunk program (``_choose.compile_options``).
+        options: XLA's options for the init and chunk programs (``_choose.compile_options``).
     """
 
     mesh: Mesh

@@ -151,14 +151,15 @@ def expected_speedup(
 
 
 def compile_options(start: Any, mesh: Mesh, batch_size: int | None) -> tuple:
-    """XLA's options for the chunk program (items of ``Lowered.compile``'s dict): a fact
-    of the layout, the step and the JAX version, never a timing. Chains one after another
-    on CPU (``1``) whose step is no matrix work compile with less optimisation, where it
-    cost their sampling nothing measurable (``bench_layout.py``: 2 CPU devices, NUTS, the
-    first call with the cache off): on jax >= 0.11, LLVM's level 1 (the chunk program 0.4
-    to 0.55 s faster to compile on eight schools, fixed and window-adapted, and the 50-d
-    Gaussian, sampling within 3 %); on jax 0.10, XLA's older emitters for fusions (0.35 to
-    0.55 s faster, sampling within 6 %). Matrix work and vmaps keep XLA's defaults: the
+    """XLA's options for the init and chunk programs (items of ``Lowered.compile``'s
+    dict): a fact of the layout, the step and the JAX version, never a timing. Chains one
+    after another on CPU (``1``) whose step is no matrix work compile with less
+    optimisation, where it cost their sampling nothing measurable (``bench_layout.py``'s
+    rows: 2 CPU devices, NUTS, the first call with the cache off): on jax >= 0.11, LLVM's
+    level 1 (the chunk program 0.4 to 0.55 s faster to compile on eight schools, fixed and
+    window-adapted, and the 50-d Gaussian, sampling within 3 %; a PyMC eight schools'
+    first ``cr.sample`` 7.0 to 6.2 s); on jax 0.10, XLA's older emitters for fusions (0.35
+    to 0.55 s faster, sampling within 6 %). Matrix work and vmaps keep XLA's defaults: the
     logistic regression with ``1`` sampled 8 % slower at level 1, a vmapped 50-d Gaussian
     13-46 % slower with either. Accelerators keep theirs."""
     cpu = mesh.devices.flat[0].platform == "cpu"
