@@ -166,6 +166,27 @@ def test_another_mesh_or_devices_is_another_program():
     assert same == 0 and one >= 1 and other >= 1
 
 
+_SHIFT = [0.0]
+
+
+def test_a_global_changed_between_two_calls_of_the_same_kernel_object():
+    """One call's trace of the step (shared by the rule, the draw's shape and the chunk
+    program) is never replayed in the next call: the same ``blackjax.nuts`` object whose
+    log density reads a global that changed samples the new target."""
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((x - _SHIFT[0]) ** 2)
+
+    nuts = blackjax.nuts(logdensity, 0.5, jnp.ones(3))
+    means = []
+    for shift in (0.0, 10.0):
+        _SHIFT[0] = shift
+        trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 3)), 300, mesh=cr.chain_mesh(2),
+                       progress=False, warn=False)  # fmt: skip
+        means.append(float(np.mean(trace.draws)))
+    assert abs(means[0]) < 1 and abs(means[1] - 10) < 1, means
+
+
 def test_compile_options_are_part_of_the_key():
     """The same computation compiled with other XLA options (``_choose.compile_options``)
     is another program, found again by the same options (in the cache folder too)."""

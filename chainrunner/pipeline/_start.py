@@ -59,8 +59,8 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
     where = "run"
     if isinstance(initial_position, Trace):
         previous = initial_position
-        kernel = adapter.build_kernel(
-            num_warmup=plan.num_warmup, previous_params=previous.kernel_params
+        kernel = _this_call(
+            adapter.build_kernel(num_warmup=plan.num_warmup, previous_params=previous.kernel_params)
         )
         if plan.warmup_until is not None:
             raise ValueError(
@@ -82,7 +82,7 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
                 "num_warmup > 0 (e.g. 1000); to sample at fixed values, pass the algorithm "
                 "itself (blackjax.nuts(logdensity_fn, step_size, inverse_mass_matrix))."
             )
-        kernel = adapter.build_kernel(num_warmup=plan.num_warmup)
+        kernel = _this_call(adapter.build_kernel(num_warmup=plan.num_warmup))
         if initial_position is not None:
             n = leading_size(initial_position, "initial_position", where)
             if _diagnose.as_states(kernel, initial_position):  # the pmap recipe's states
@@ -105,6 +105,13 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
             )
         start = Start(kernel, n, initial_position, None, 0, cross)
     return _checked(plan, start)
+
+
+def _this_call(kernel: Kernel) -> Kernel:
+    """A new ``Kernel`` object for this call (the same functions): the trace of its step
+    that the call's stages share (``_programs.kernel_step``, cached per kernel object) is
+    never replayed in another call's program, which traces what the kernel computes then."""
+    return kernel._replace()
 
 
 def _checked(plan: Plan, start: Start) -> Start:

@@ -265,17 +265,20 @@ def kernel_step(kernel: Kernel, position: Any, state: Any) -> KernelStep:
     ``None``: the one trace of the kernel's step that ``draw_shape``, the batch-size rule
     (``_choose.step_flops``) and the chunk program (``sample_chunk``) all read.
     ``position``/``state``: the run's (leading chain axis), one of them ``None``. Cached
-    per kernel functions, shapes and trace settings."""
+    per ``kernel`` object (``run`` makes one per call: a trace is replayed only in the
+    call that made it, so what the kernel's Python reads, a global, a file, is read again
+    by the next call), shapes and trace settings."""
     one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), (position, state))
     if state is None:
-        key = (kernel.functions, signature((one[0], kernel.params)), trace_settings())
-        found, init = _INITS.lookup(key)
-        one = (None, init if found else _INITS.put(key, _init_shape(kernel, one[0])))
+        key = (id(kernel), signature((one[0], kernel.params)), trace_settings())
+        found, init = _INITS.lookup(key, owner=kernel)
+        init = init if found else _INITS.put(key, _init_shape(kernel, one[0]), owner=kernel)
+        one = (None, init)
     return _step_of(kernel, one[1], _struct(jax.random.key(0), ()), TRACE_LOCK)
 
 
 def _step_key(kernel: Kernel, state: Any, rng_key: Any, settings: tuple) -> tuple:
-    return (kernel.functions, signature((state, rng_key, kernel.params)), settings)
+    return (id(kernel), signature((state, rng_key, kernel.params)), settings)
 
 
 def _outer_step(kernel: Kernel, state: Any, rng_key: Any) -> KernelStep:
@@ -283,7 +286,7 @@ def _outer_step(kernel: Kernel, state: Any, rng_key: Any) -> KernelStep:
     traced it outside any mesh, where it did; else traced here, under the program's mesh
     (a jaxpr traced there carries that mesh in its types: kept apart by its key)."""
     outside = (*trace_settings()[:-1], _NO_MESH)
-    found, stepped = _STEPS.lookup(_step_key(kernel, state, rng_key, outside))
+    found, stepped = _STEPS.lookup(_step_key(kernel, state, rng_key, outside), owner=kernel)
     return stepped if found else _step_of(kernel, state, rng_key, contextlib.nullcontext())
 
 
@@ -323,7 +326,7 @@ def _step_of(kernel: Kernel, state: Any, rng_key: Any, lock: Any) -> KernelStep:
     (``TRACE_LOCK``, or a null context inside a trace that holds it). Never built under
     the cache's lock: a thread tracing a program (holding ``TRACE_LOCK``) looks it up too."""
     key = _step_key(kernel, state, rng_key, _step_settings())
-    found, stepped = _STEPS.lookup(key)
+    found, stepped = _STEPS.lookup(key, owner=kernel)
     if found:
         return stepped
 
@@ -332,7 +335,7 @@ def _step_of(kernel: Kernel, state: Any, rng_key: Any, lock: Any) -> KernelStep:
 
     with lock:
         jaxpr, out = jax.make_jaxpr(step, return_shape=True)(rng_key, state, kernel.params)
-    return _STEPS.put(key, KernelStep(jaxpr, *out))
+    return _STEPS.put(key, KernelStep(jaxpr, *out), owner=kernel)
 
 
 def draw_shape(kernel: Kernel, keep: Any, position: Any, state: Any, n: int) -> Any:
