@@ -198,3 +198,56 @@ def test_factory_errors():
     )
     trace = cr.run(k, jax.random.key(0), X0, 20, num_warmup=20, progress=False, warn=False)
     assert trace.draws.shape == (5, 20, 4)
+
+
+def _decompositions(jaxpr):
+    """The operand shapes of every ``eigh`` and ``qr`` in ``jaxpr``, at any depth."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("eigh", "householder_product", "geqrf", "qr"):
+            found.append(eqn.invars[0].aval.shape)
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    found += _decompositions(inner)
+    return found
+
+
+@pytest.mark.parametrize("width", [0, 3])
+def test_the_update_decomposes_one_chain_at_a_time_under_vmap(width):
+    """jax 0.10's batched ``eigh`` beside other work on 2 CPU devices never returned (a
+    vmapped 100-d PyMC model hung): the update's ``eigh`` and ``qr`` see one chain's
+    matrices, however many chains the vmap holds."""
+    d, chains = 8, 3
+    x, g, _ = (jnp.asarray(a) for a in _correlated(d, np.float32))
+    m = wf.CoMoments.empty(x[0])
+    m = jax.lax.fori_loop(0, 50, lambda i, m: m.add(x[i], g[i], jnp.bool_(True)), m)
+    batch = jax.tree.map(lambda a: jnp.stack([a] * chains), m)
+    basis = jnp.stack([jnp.eye(d)[:, :width]] * 2)
+    options = {**wf.LOW_RANK_OPTIONS, "max_rank": d if width == 0 else width}
+    update = jax.vmap(lambda m: wf.low_rank_metric(m, basis, options)[0])
+    shapes = _decompositions(jax.make_jaxpr(update)(batch).jaxpr)
+    assert shapes and all(len(s) == 2 for s in shapes), shapes
+    looped, batched = update(batch), wf.low_rank_metric(m, basis, options)[0]
+    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(batched), strict=True):
+        np.testing.assert_array_equal(a[1], b)
+
+
+def test_the_low_rank_update_counts_at_its_share_of_the_steps():
+    """The layout rule counts the update's arithmetic at one draw in ``update_freq``: a
+    50-d model's step is not priced as an eigendecomposition every draw."""
+    from chainrunner.programs import _jaxpr
+
+    prec = jnp.eye(50)
+    kernel = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * x @ prec @ x,
+                              adaptation="fisher_low_rank")  # fmt: skip
+    trace = cr.run(kernel, jax.random.key(0), jnp.zeros((2, 50)), 4, num_warmup=20,
+                   progress=False, warn=False)  # fmt: skip
+    counted = trace.attrs["batch_size_choice"]
+    flops = float(counted.split(" flops a step")[0].rsplit(" ", 1)[1])
+    assert flops < 1e6, counted  # 4.4e5; the update in full on every draw: 3.2e6
+    cond = jax.make_jaxpr(lambda p, x: lazy_cond(p, lambda x: x @ prec, lambda x: x, x, 0.1))
+    assert _jaxpr._costly_share(cond(True, jnp.ones(50)).jaxpr.eqns[0]) == 0.1
+    unsaid = jax.make_jaxpr(lambda p, x: lazy_cond(p, lambda x: x @ prec, lambda x: x, x))
+    assert _jaxpr._costly_share(unsaid(True, jnp.ones(50)).jaxpr.eqns[0]) is None

@@ -260,8 +260,8 @@ def _initial_point(model: Any, initvals, jitter: bool, retries: int, logdensity_
         return {n: jnp.asarray(v) for n, v in zip(names, values, strict=True)}
 
     def initial_point(rng_key: jax.Array) -> dict[str, jax.Array]:
-        def finite(p):
-            return jnp.isfinite(logdensity_fn(p))
+        if not specs or retries <= 0:
+            return point(rng_key, jnp.int32(0))
 
         def again(carry):
             attempt, _, ok = carry
@@ -270,12 +270,13 @@ def _initial_point(model: Any, initvals, jitter: bool, retries: int, logdensity_
         def retry(carry):
             attempt = carry[0] + 1
             p = point(rng_key, attempt)
-            return attempt, p, finite(p)
+            return attempt, p, jnp.isfinite(logdensity_fn(p))
 
-        first = point(rng_key, jnp.int32(0))
-        if not specs or retries <= 0:
-            return first
-        return jax.lax.while_loop(again, retry, (jnp.int32(0), first, finite(first)))[1]
+        # One loop makes every try, the first included: the program holds the
+        # initial-point expression and the log density once each.
+        shapes = jax.eval_shape(point, rng_key, jnp.int32(0))
+        none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return jax.lax.while_loop(again, retry, (jnp.int32(-1), none, jnp.bool_(False)))[1]
 
     return initial_point
 

@@ -21,12 +21,18 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+COSTLY_SHARE = "chainrunner_costly_share"
+"""The attribute of ``lazy_cond``'s batching rule (the ``rule`` of its ``custom_vmap_call``
+in a jaxpr) that holds its ``share``: a hint for counting, never part of what the program
+computes."""
+
 
 def _broadcast(x: Any, batched: bool, size: int) -> Any:
     return x if batched else jnp.broadcast_to(x, (size, *jnp.shape(x)))
 
 
-def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any) -> Any:
+def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any,
+              share: float | None = None) -> Any:  # fmt: skip
     """``costly(operand)`` where ``pred``, else ``cheap(operand)``; under ``vmap`` the
     costly branch runs only when ``pred`` holds for some member of the batch.
 
@@ -35,6 +41,10 @@ def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any) 
         costly, cheap: functions of ``operand`` with the same output structure; they
             must not close over traced values (pass those in ``operand``).
         operand: a pytree of arrays.
+        share: about the share of steps on which ``pred`` holds, where the caller's
+            schedule fixes it (the low-rank update: one warmup draw in ``update_freq``).
+            The layout rule's count of a step's arithmetic (``_jaxpr.flops``) counts the
+            costly branch at this share (``COSTLY_SHARE``); ``None`` counts it in full.
 
     Returns:
         The chosen branch's output.
@@ -69,6 +79,7 @@ def lazy_cond(pred: jax.Array, costly: Callable, cheap: Callable, operand: Any) 
             out = jax.lax.cond(jnp.any(pred), mixed, cold, operand)
         return out, jax.tree.map(lambda _: True, out)
 
+    setattr(rule, COSTLY_SHARE, share)
     return chosen(pred, operand)
 
 

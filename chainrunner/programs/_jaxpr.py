@@ -31,6 +31,8 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
+from ..core._lazy import COSTLY_SHARE
+
 # Primitives that call a Python function: the function is not in the jaxpr.
 _CALLBACKS = frozenset({"debug_print", "debug_callback", "callback"})
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-FX]+")  # (jax prints addresses as 0xXXXX...)
@@ -164,8 +166,10 @@ def flops(jaxpr: Any) -> float:
     """The arithmetic of ``jaxpr`` (a ``ClosedJaxpr`` or ``Jaxpr``), counted as XLA's cost
     analysis counts a program: ``2 m n k`` for a ``dot_general``, an element for every
     element an elementwise op or a reduction reads, a loop's body once, a ``cond``'s
-    dearest branch; moves and relabellings (``_MOVES``) cost nothing. A fact of the
-    computation, read from a trace at hand: nothing is lowered.
+    dearest branch; moves and relabellings (``_MOVES``) cost nothing. A ``lazy_cond`` that
+    says the share of steps its costly branch runs on (``share``: the low-rank metric's
+    update, one warmup draw in ten) counts that branch at that share. A fact of the
+    computation and the caller's schedule, read from a trace at hand: nothing is lowered.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -174,14 +178,25 @@ def flops(jaxpr: Any) -> float:
         1200.0
         >>> flops(jax.make_jaxpr(lambda x: jnp.sum(jnp.exp(x)))(jnp.ones(30)))
         60.0
+        >>> from chainrunner.core._lazy import lazy_cond
+        >>> rare = lambda p, x: lazy_cond(p, lambda x: a.T @ (a @ x), lambda x: x, x, 0.1)
+        >>> flops(jax.make_jaxpr(rare)(True, jnp.ones(30)))  # 0.1 x 2 x 1200
+        240.0
     """
     inner = jaxpr if hasattr(jaxpr, "eqns") else jaxpr.jaxpr
     return float(sum(_eqn_flops(eqn) for eqn in inner.eqns))
 
 
-def _eqn_flops(eqn: Any) -> float:
+def _eqn_flops(eqn: Any, share: float | None = None) -> float:
+    if eqn.primitive.name == "custom_vmap_call" and _costly_share(eqn) is not None:
+        inner = eqn.params["call"]
+        inner = inner if hasattr(inner, "eqns") else inner.jaxpr
+        return float(sum(_eqn_flops(e, _costly_share(eqn)) for e in inner.eqns))
     nested = [v if isinstance(v, (tuple, list)) else (v,) for v in eqn.params.values()]
     branches = [[flops(j) for j in group if _is_jaxpr(j)] for group in nested]
+    if share is not None and eqn.primitive.name == "cond" and len(branches[0]) == 2:
+        cheap, costly = branches[0]  # (lazy_cond's: the false branch first)
+        return (1.0 - share) * cheap + share * costly
     if any(branches):  # a loop's or a call's body once; a cond's dearest branch
         return sum(max(group) for group in branches if group)
     name = eqn.primitive.name
@@ -194,6 +209,18 @@ def _eqn_flops(eqn: Any) -> float:
     if name.startswith(("reduce_", "argm", "cum")):
         return float(sum(_size(v) for v in eqn.invars))
     return float(sum(_size(v) for v in eqn.outvars))
+
+
+def _costly_share(eqn: Any) -> float | None:
+    """The ``share`` a ``lazy_cond`` gave its costly branch (``None``: none given, or not a
+    ``lazy_cond``): an attribute of the batching rule the ``custom_vmap_call`` holds (JAX
+    wraps the rule, keeping it as ``__wrapped__``)."""
+    rule = eqn.params.get("rule")
+    for fn in (rule, getattr(rule, "__wrapped__", None)):
+        share = getattr(fn, COSTLY_SHARE, None)
+        if share is not None:
+            return float(share)
+    return None
 
 
 def _size(var: Any) -> int:

@@ -39,6 +39,7 @@ from jax.flatten_util import ravel_pytree
 
 from ...core._kernel import Kernel
 from ...core._lazy import lazy_cond
+from ...core._looped import looped
 from ._low_rank_width import following_metric
 from ._warmup_window import InLoop, adaptive_kernel, strong
 
@@ -256,22 +257,27 @@ def _velocity_verlet_accept(logdensity_fn: Callable, imm: Any) -> Callable:
 def find_step_size(logdensity_fn: Callable, state: Any, imm: Any, step_size: jax.Array,
                    target: float, key: jax.Array) -> jax.Array:  # fmt: skip
     """nutpie's start: double (or halve) ``step_size`` until one leapfrog step's
-    acceptance falls below (rises above) ``target``; at most 100 tries."""
+    acceptance falls below (rises above) ``target``; at most 100 tries.
+
+    One loop makes every try, the first (at ``step_size``, which says the direction)
+    included: the program holds one leapfrog step, not two (a PyMC model's init program
+    compiles that much faster; the same step sizes)."""
     accept = _velocity_verlet_accept(logdensity_fn, imm)
-    up = accept(state, step_size, key) > target
 
     def more(c):
-        i, _, done = c
-        return (i < 100) & ~done
+        i, _, _, done = c
+        return (i <= 100) & ~done
 
     def body(c):
-        i, eps, _ = c
-        nxt = jnp.where(up, eps * 2.0, eps / 2.0)
+        i, eps, up, _ = c
+        nxt = jnp.where(i == 0, eps, jnp.where(up, eps * 2.0, eps / 2.0))
         a = accept(state, nxt, key)
+        up = jnp.where(i == 0, a > target, up)
         done = jnp.where(up, (a <= target) | (nxt > 1e5), (a >= target) | (nxt < 1e-10))
-        return i + 1, nxt, done
+        return i + 1, nxt, up, (i > 0) & done
 
-    _, eps, done = jax.lax.while_loop(more, body, (0, step_size, jnp.bool_(False)))
+    start = (0, step_size, jnp.bool_(False), jnp.bool_(False))
+    _, eps, _, done = jax.lax.while_loop(more, body, start)
     return jnp.where(done & jnp.isfinite(eps), eps, step_size).astype(step_size.dtype)
 
 
@@ -289,22 +295,28 @@ def _diag_metric(m: Moments, previous: jax.Array) -> jax.Array:
     return jnp.where(ok, new, previous)
 
 
+_eigh = looped(jnp.linalg.eigh)
+_qr = looped(jnp.linalg.qr)
+"""The update's decompositions one chain at a time under ``vmap`` (``looped``: jax 0.10's
+batched ``eigh`` hung a vmapped 100-d model's run on 2 CPU devices)."""
+
+
 def _leading(gram: jax.Array, start: jax.Array, iterations: int) -> jax.Array:
     """The leading eigenvectors of ``gram``: subspace iteration from ``start``."""
     for _ in range(iterations):
-        start, _ = jnp.linalg.qr(gram @ start)
+        start, _ = _qr(gram @ start)
     return start
 
 
 def _spd_mean(a: jax.Array, b: jax.Array) -> jax.Array:
     """The geometric mean ``a # b⁻¹`` of SPD matrices (``b^-½ (b^½ a b^½)^½ b^-½``)."""
-    vals, vecs = jnp.linalg.eigh(b)
+    vals, vecs = _eigh(b)
     vals = jnp.maximum(vals, _FLOOR[jnp.dtype(vals.dtype).name] * jnp.max(vals))
     root = (vecs * jnp.sqrt(vals)) @ vecs.T
     # rsqrt, not a division by sqrt: XLA rewrote the division into rsqrt in some programs
     # and not in others, and the two round differently (1 device against 2, pooled).
     inv_root = (vecs * jax.lax.rsqrt(vals)) @ vecs.T
-    mvals, mvecs = jnp.linalg.eigh(root @ a @ root)
+    mvals, mvecs = _eigh(root @ a @ root)
     mroot = (mvecs * jnp.sqrt(jnp.maximum(mvals, 0.0))) @ mvecs.T
     return inv_root @ mroot @ inv_root
 
@@ -369,7 +381,7 @@ def low_rank_metric(m: CoMoments, basis: jax.Array, options: dict,
     else:
         u_x = _leading(gram_x, basis[0], iterations)
         u_a = _leading(gram_a, basis[1], iterations)
-        q, _ = jnp.linalg.qr(jnp.concatenate([u_x, u_a], axis=1))
+        q, _ = _qr(jnp.concatenate([u_x, u_a], axis=1))
         new_basis = jnp.stack([u_x, u_a])
     eye = jnp.eye(q.shape[1], dtype=q.dtype)
     p_x, p_a = q.T @ gram_x @ q, q.T @ gram_a @ q
@@ -380,7 +392,7 @@ def low_rank_metric(m: CoMoments, basis: jax.Array, options: dict,
         gamma = float32_regularisation(options["gamma"], p_x, p_a, m.moments.weight)
         c_x, c_a = p_x + gamma * eye, p_a + gamma * eye
         floor = _FLOOR[jnp.dtype(p_x.dtype).name]
-    vals, vecs = jnp.linalg.eigh(_spd_mean(c_x, c_a))
+    vals, vecs = _eigh(_spd_mean(c_x, c_a))
     vals = jnp.maximum(vals, floor * jnp.max(vals))
     u, lam = select_top_eigenvalues_by_informativeness(
         vals, q @ vecs, rank_of(options, sigma.shape[0], sigma.dtype), tail_handling="mask_pad",
@@ -486,8 +498,9 @@ def fisher_adapt_fn(num_warmup: int, low_rank: bool, options: dict, logdensity_f
         bg = jax.tree.map(lambda b, e: jnp.where(switch, e, b), bg, type(bg).empty(x))
         due = switch | (u % every == 0)
         if low_rank:
+            # (1 draw in ``every``: the layout rule counts the update's arithmetic so)
             imm, basis = lazy_cond(due, update_low_rank, lambda o: (o[2], o[1]),
-                                   (fg, a.basis, a.inverse_mass_matrix))  # fmt: skip
+                                   (fg, a.basis, a.inverse_mass_matrix), 1 / every)  # fmt: skip
             return a._replace(foreground=fg, background=bg, basis=basis, inverse_mass_matrix=imm)
         imm = jnp.where(due, _diag_metric(fg, a.inverse_mass_matrix), a.inverse_mass_matrix)
         return a._replace(foreground=fg, background=bg, inverse_mass_matrix=imm)
