@@ -348,6 +348,29 @@ def test_a_new_model_of_the_same_model_compiles_nothing():
     assert not np.array_equal(one.draws["mu"], three.draws["mu"])
 
 
+def test_a_run_runs_pytensors_log_density_python_once_per_context(monkeypatch):
+    """The log density's Python (PyTensor's generated JAX code) runs once per context of a
+    run (outside the mesh, inside it), not once per place that calls it (init, the
+    step-size search, the step: 11 times before); the draws are the same bits."""
+    from chainrunner.adapters._pymc import _import_jax_helpers
+
+    _import_jax_helpers()  # (its import turns x64 on: put back)
+    import pymc.sampling.jax as pymc_jax
+
+    made, calls = pymc_jax.get_jaxified_logp, []
+
+    def counted(model, **kw):
+        logp = made(model, **kw)
+        return lambda *a, **k: calls.append(1) or logp(*a, **k)
+
+    kw = {"num_warmup": 20, "num_chains": 2, "progress": False, "warn": False}
+    monkeypatch.setattr(pymc_jax, "get_jaxified_logp", counted)
+    trace = cr.run(cr.from_pymc(eight_schools()), jax.random.key(5), None, 20, **kw)
+    assert 1 <= len(calls) <= 2, len(calls)
+    monkeypatch.setattr(pymc_jax, "get_jaxified_logp", made)
+    assert np.isfinite(trace.draws["mu"]).all()
+
+
 def test_a_kernel_reused_after_set_data_is_an_error():
     """The compiled program holds the data: a kernel run after ``pm.set_data`` would sample
     the old data. It raises, naming the container, before anything compiles; the kernel

@@ -145,7 +145,10 @@ def _jax_graph(inputs: list, outputs: list) -> Callable:
 def _logdensity(model: Any, names: tuple[str, ...]) -> Callable:
     from pymc.sampling.jax import get_jaxified_logp
 
-    logp = get_jaxified_logp(model)  # the log density itself (negative_logp=True)
+    # The log density itself (negative_logp=True), jitted: a run traces it several times
+    # (init, the step-size search, the step), and JAX keeps the trace of a jitted
+    # function by its argument types, so PyTensor's generated Python runs once per type.
+    logp = jax.jit(get_jaxified_logp(model))
 
     def logdensity_fn(position: Mapping[str, jax.Array]) -> jax.Array:
         return logp([position[name] for name in names])
