@@ -81,6 +81,34 @@ def test_compile_options_follow_the_layout_and_the_step(monkeypatch):
     assert seen == [cheap, ()]
 
 
+def test_the_init_program_compiles_with_the_least_optimisation_on_cpu(monkeypatch):
+    """The init program runs once a call: on CPU it compiles at LLVM's level 0 without the
+    expensive passes (on jax 0.10 only beside the older fusion emitters), with the chunk
+    program's other options. The same options in every process: the same call gives the
+    same draws."""
+    mesh = cr.chain_mesh(2)
+    cheap = _choose.INIT_OPTIONS
+    assert _choose.init_compile_options((), mesh) == (() if _choose._old_jax() else cheap)
+    level_one = (("xla_backend_optimization_level", 1),)
+    assert _choose.init_compile_options(level_one, mesh) == cheap
+    emitters = (("xla_cpu_use_fusion_emitters", False),)
+    assert _choose.init_compile_options(emitters, mesh) == (*emitters, *cheap)
+    from chainrunner.pipeline import _init
+
+    seen, chunks = [], []
+    real, real_loop = _init.compiled, _loop.compile_loop
+    monkeypatch.setattr(_init, "compiled", lambda kind, program, args, hook, options: (
+        seen.append((kind, options)), real(kind, program, args, hook, options))[1])  # fmt: skip
+    monkeypatch.setattr(_loop, "compile_loop", lambda k, plan, placed, *a, **kw: (
+        chunks.append(placed.options), real_loop(k, plan, placed, *a, **kw))[1])  # fmt: skip
+    first = run(batch_size=None, num_samples=10)
+    run(batch_size=1, num_samples=10)
+    assert chunks[0] == () and chunks[1] != ()  # the chunk's own: XLA's defaults, then less
+    assert seen == [("init", _choose.init_compile_options(c, mesh)) for c in chunks]
+    assert ("xla_backend_optimization_level", 0) in seen[1][1]
+    np.testing.assert_array_equal(first.draws, run(batch_size=None, num_samples=10).draws)
+
+
 def test_a_long_matrix_run_takes_vmaps_decided_before_the_loop(long_runs, monkeypatch):
     """A long run of a step XLA costs as matrix work takes a vmap from its first draw:
     bitwise the run of that fixed ``batch_size``, and the reason names the facts."""

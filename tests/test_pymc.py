@@ -268,9 +268,16 @@ def test_pymc_md_is_right_about_waic():
 
 @pytest.mark.parametrize("make", [hierarchical_linear, bounded_and_simplex])
 def test_posterior_means_match_pm_sample(make):
+    """Posterior means within Monte-Carlo error of ``pm.sample``'s. The varying intercepts
+    of four groups make a funnel that diverges at the default acceptance rate (0.8), with
+    nutpie too (8 chains x (500 + 500), seeds 0 and 1: 14-135 divergences with its
+    diagonal metric, 146-257 with its low-rank one; chainrunner's default 45-308), and
+    divergent runs can miss ``sigma_a``'s tail: both sample at 0.95 (chainrunner: 4-28
+    divergences), as a PyMC user told of divergences would."""
     model = make()
-    trace = run(model)
-    theirs = flat(reference(model).posterior.data_vars)
+    accept = {"target_acceptance_rate": 0.95} if make is hierarchical_linear else {}
+    trace = run(model, **accept)
+    theirs = flat(reference(model, target_accept=0.95 if accept else 0.8).posterior.data_vars)
     assert set(flat(trace.draws)) == set(theirs)
     assert not mean_mismatches(trace.draws, theirs)
     d = trace.draws

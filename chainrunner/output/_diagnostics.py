@@ -10,10 +10,13 @@ and importing it costs a first call about 2 s. Diagnostics never import ArviZ.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,20 +51,37 @@ _SCRIPTS = tuple(_PACKAGE + name for name in ("_demo.py", "__main__.py"))
 _preload: list[Background] = []
 
 
-def preload_arviz() -> None:
-    """Starts importing ArviZ on a daemon thread, once per process.
+_ARVIZ_WANTED = contextvars.ContextVar("chainrunner_arviz_wanted", default=False)
 
-    ``run`` calls this before compiling when it will diagnose the run: importing
-    ArviZ takes about a second (xarray, pandas, scipy.stats, matplotlib), which then
-    runs while XLA compiles instead of after the sampling (eight schools, 2 cores:
-    a first call took 3.9 s, against 4.6 s importing after the run and 3.3 s without
-    diagnostics; see docs/compilation.md). The thread keeps the normal priority: at
-    the lowest one the first call took 4.3 s, since the import then waits for the
-    compilations and the run waits for the import. The first use of ArviZ waits for
-    the import to finish (Python's import lock); if it failed, that use imports again
-    and raises as usual.
+
+@contextlib.contextmanager
+def arviz_wanted() -> Iterator[None]:
+    """Inside the block, ``preload_arviz`` starts ArviZ's import (``sample``: its
+    ``to_arviz`` needs it, whatever ``warn`` says; ``run``'s diagnostics never do)."""
+    token = _ARVIZ_WANTED.set(True)
+    try:
+        yield
+    finally:
+        _ARVIZ_WANTED.reset(token)
+
+
+def preload_arviz() -> None:
+    """Starts importing ArviZ on a daemon thread, once per process, inside ``arviz_wanted``.
+
+    ``run`` calls this where its calling thread starts waiting for the sampling loop's
+    program (compiled, or loaded from the cache, on the helper thread): importing ArviZ
+    takes about a second of Python (arviz 1.x: 0.85 s after PyMC 6, most of it
+    ``arviz_stats.loo``'s scipy), which then runs on the core that the init program's
+    compile has left, while the interpreter lock is free (XLA compiles without it). Started
+    with the run, it took the lock from the run's own tracing and lowering, the first
+    call's critical path (eight schools, PyMC 6, 2 cores, whole first processes: 6.93-7.05
+    s against 6.97-7.64 s; docs/compilation.md). The
+    thread keeps the normal priority: at the lowest one the first call took longer, since
+    the import then waits for the compilations and the run waits for the import. The first
+    use of ArviZ waits for the import to finish (Python's import lock); if it failed, that
+    use imports again and raises as usual.
     """
-    if _preload or "arviz" in sys.modules:
+    if not _ARVIZ_WANTED.get() or _preload or "arviz" in sys.modules:
         return
 
     def load() -> None:

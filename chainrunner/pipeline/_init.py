@@ -66,7 +66,8 @@ def _init_once(kernel: Kernel, placed: Any, position: Any, tries: np.ndarray, on
         placed.params,
     )
     b, n = layout.batch_size, layout.num_chains
-    init, dt = compiled("init", init_program(kernel, mesh, b, n), args, on_traced, placed.options)
+    program = init_program(kernel, mesh, b, n)
+    init, dt = compiled("init", program, args, on_traced, placed.init_options)
     state, lp = init(*args)
     if kernel.logdensity is None:
         return state, None, dt

@@ -41,6 +41,7 @@ from ..layout._blas import blas_threads
 from ..output import _checkpoint
 from ..output._diagnostics import (
     ChainrunnerWarning,
+    arviz_wanted,
     caller_stacklevel,
     preload_arviz,
     warn_if_needed,
@@ -391,7 +392,9 @@ def _burn_in(
 
 def _compile(ctx: Run, sched: _loop.Schedule, warm: Warm, ahead: Any) -> tuple[_loop.Chunks, float]:
     """The compiled chunk program: the helper thread's, where it compiled this one (the
-    seconds spent waiting for it), else compiled here."""
+    seconds spent waiting for it), else compiled here. ArviZ's import, where the call
+    wants it, starts now (``preload_arviz``)."""
+    preload_arviz()
     if ahead is not None:
         t0 = time.perf_counter()
         chunks, _ = ahead.job.result()  # raises here whatever the helper thread raised
@@ -628,7 +631,6 @@ def sample(
         (4, 100, 2)
     """
     reject_pm_sample_words("sample", options)
-    preload_arviz()  # to_arviz needs it, whatever `warn` says
-    return run(kernel, rng_key, initial_position, num_samples, **options).to_arviz(
-        coords=coords, dims=dims
-    )
+    with arviz_wanted():  # imported while the loop compiles (preload_arviz)
+        trace = run(kernel, rng_key, initial_position, num_samples, **options)
+    return trace.to_arviz(coords=coords, dims=dims)

@@ -161,7 +161,8 @@ class Placement(NamedTuple):
             from: itself, or the first chain of its superchain; padded, sharded.
         key: the run's key, replicated.
         params: the kernel's parameters, replicated (or ``None``).
-        options: XLA's options for the init and chunk programs (``_choose.compile_options``).
+        options: XLA's options for the chunk program (``_choose.compile_options``).
+        init_options: XLA's options for the init program (``_choose.init_compile_options``).
     """
 
     mesh: Mesh
@@ -172,6 +173,7 @@ class Placement(NamedTuple):
     key: jax.Array
     params: Any
     options: tuple = ()
+    init_options: tuple = ()
 
 
 @functools.lru_cache(maxsize=16)
@@ -231,6 +233,7 @@ def place(plan: Plan, start: Start) -> Placement:
     choice = _choose.choose(plan, start, mesh)
     layout = _mesh.make_layout(n, mesh, choice.batch_size)
     chains = _placed_ids(n, layout.padded, mesh, None)
+    options = _choose.compile_options(start, mesh, choice.batch_size)
     return Placement(
         mesh=mesh,
         layout=layout,
@@ -239,5 +242,6 @@ def place(plan: Plan, start: Start) -> Placement:
         init_chains=_placed_ids(n, layout.padded, mesh, plan.superchains),
         key=_mesh.replicate(plan.rng_key, mesh),
         params=replicate_params(start.kernel, mesh),
-        options=_choose.compile_options(start, mesh, choice.batch_size),
+        options=options,
+        init_options=_choose.init_compile_options(options, mesh),
     )

@@ -8,7 +8,8 @@ one kernel step (``step_flops``: the arithmetic of the step's jaxpr, a while loo
 counted once, read from the one trace of the step the run makes anyway). Never a
 timing: the same script with the same seed gives the same batch size, and so the same
 draws, in every process. The same facts give the chunk program's XLA options
-(``compile_options``).
+(``compile_options``); the init program's depend on the device kind only
+(``init_compile_options``).
 
 The rule (``docs/batch-size.md`` has the measurements behind each constant):
 
@@ -151,7 +152,7 @@ def expected_speedup(
 
 
 def compile_options(start: Any, mesh: Mesh, batch_size: int | None) -> tuple:
-    """XLA's options for the init and chunk programs (items of ``Lowered.compile``'s
+    """XLA's options for the chunk program (items of ``Lowered.compile``'s
     dict): a fact of the layout, the step and the JAX version, never a timing. Chains one
     after another on CPU (``1``) whose step is no matrix work compile with less
     optimisation, where it cost their sampling nothing measurable (``bench_layout.py``'s
@@ -171,6 +172,39 @@ def compile_options(start: Any, mesh: Mesh, batch_size: int | None) -> tuple:
     if _old_jax():
         return (("xla_cpu_use_fusion_emitters", False),)
     return (("xla_backend_optimization_level", 1),)
+
+
+INIT_OPTIONS = (("xla_backend_optimization_level", 0), ("xla_llvm_disable_expensive_passes", True))
+"""What the init program adds on CPU to the chunk program's options (``init_compile_options``)."""
+
+
+def init_compile_options(chunk_options: tuple, mesh: Mesh) -> tuple:
+    """XLA's options for the init program, from the chunk program's (``compile_options``).
+
+    On CPU, LLVM's level 0 without its expensive passes (``INIT_OPTIONS``): the program
+    runs once a call (the chains' starts, a step-size search: a few gradients), and its
+    compile shares the cores with the chunk program's. Measured (2 CPU devices, the first
+    call, cache off): on jax 0.12, the four PyMC models of ``bench_time_to_posterior.py``
+    compiled their init program in 0.93-1.25 s against 1.44-2.61 s, the chunk program
+    beside it finished 0.1-1.3 s sooner, and a first ``cr.sample`` took 0.4-1.5 s less.
+    On jax 0.10 only beside XLA's older fusion emitters, where the chunk has them (eight
+    schools' init 1.1 -> 0.7 s): with the newer emitters, level 0 changed a vmapped
+    numpyro run's starts in the last bits (``tests/bitwise_runs.py``'s ``numpyro_b_none``),
+    and with them its draws; with the older ones, and on jax 0.12 everywhere, the recorded
+    runs keep their bits. The options are facts of the call: the same call gives the same
+    draws in every process. Accelerators keep their defaults.
+
+    Examples:
+        >>> import chainrunner as cr
+        >>> level = init_compile_options((("xla_backend_optimization_level", 1),),
+        ...                              cr.chain_mesh(1))[0]
+        >>> level
+        ('xla_backend_optimization_level', 0)
+    """
+    if mesh.devices.flat[0].platform != "cpu" or (_old_jax() and not chunk_options):
+        return chunk_options
+    kept = tuple(o for o in chunk_options if o[0] != "xla_backend_optimization_level")
+    return (*kept, *INIT_OPTIONS)
 
 
 def _one(facts: str) -> str:
