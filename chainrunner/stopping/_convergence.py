@@ -180,21 +180,19 @@ def _autocov(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(mean over chains of the autocovariances (n, k), each chain's variance (k, m))``
     of ``cols`` (``(k, m, n)``: column, chain, draw).
 
-    ESS needs no chain's own autocovariances but at lag 0. Short chains (``_GRAM_DRAWS``
-    draws or fewer): the sum over chains of ``y[i] * y[i + t]`` is the ``t``-th diagonal
-    of one ``n x n`` Gram matrix per column, a matrix product (10,000 chains x 100 draws:
-    39 against 71 ms for three columns by FFT). Longer ones: the FFT is linear, so the
+    ESS needs no chain's own autocovariances but at lag 0. Many short chains (``_gram``):
+    the sum over chains of ``y[i] * y[i + t]`` is the ``t``-th diagonal of one ``n x n``
+    Gram matrix per column, a matrix product. Otherwise the FFT, which is linear: the
     chains' power spectra are averaged before the one inverse FFT per column. Either is
     ArviZ's autocovariance to round-off.
     """
     k, c, n = cols.shape
     y = cols - cols.mean(axis=2, keepdims=True)
     variances = np.einsum("kcn,kcn->kc", y, y) / n
-    if n <= _GRAM_DRAWS:
+    if _gram(c, n):
         acov = np.empty((n, k))
         for j in range(k):
-            gram = y[j].T @ y[j]  # (n, n)
-            acov[:, j] = [np.trace(gram, offset=t) for t in range(n)]
+            acov[:, j] = _diagonal_sums(y[j].T @ y[j])
         return acov / (c * n), variances
     m = next_fast_len(2 * n)
     f = np.fft.rfft(y, n=m, axis=2)
@@ -203,9 +201,26 @@ def _autocov(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (np.fft.irfft(power.mean(axis=1), n=m, axis=1)[:, :n] / n).T, variances
 
 
-_GRAM_DRAWS = (
-    512  # measured (one BLAS thread): at 512 draws 56 against 68 ms; at 1,000, 81 against 68
-)
+def _gram(chains: int, draws: int) -> bool:
+    """Whether the Gram matrix computes the autocovariances of ``chains`` (split) chains
+    of ``draws`` draws faster than the FFT: at least half as many chains as draws, at most
+    512 draws. Measured per column, one BLAS thread: 20,000 x 100, 6.7 against 29 ms;
+    2,000 x 500, 9 against 16; 64 x 100, 0.04 against 0.07; 128 x 250 and 256 x 500,
+    even; 32 x 100, 0.03 against 0.02; 8 x 500 (4 chains of 1,000 draws), 0.75 against
+    0.09 (and 4 ms with the diagonals summed one by one in Python, 0.43 s of a run's
+    diagnostics over 100 variables)."""
+    return draws <= 512 and 2 * chains >= draws
+
+
+def _diagonal_sums(gram: np.ndarray) -> np.ndarray:
+    """``[trace(gram, offset=t) for t in range(n)]`` of an ``n x n`` matrix, in one sum:
+    row ``i`` of a strided view of ``gram`` padded with ``n`` zero columns starts at
+    column ``i``."""
+    n = gram.shape[0]
+    padded = np.zeros((n, 2 * n), gram.dtype)
+    padded[:, :n] = gram
+    row, col = padded.strides
+    return np.lib.stride_tricks.as_strided(padded, (n, n), (row + col, col)).sum(axis=0)
 
 
 def _tau(rho: np.ndarray, n: int) -> np.ndarray:
