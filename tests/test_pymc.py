@@ -355,6 +355,33 @@ def test_a_new_model_of_the_same_model_compiles_nothing():
     assert not np.array_equal(one.draws["mu"], three.draws["mu"])
 
 
+def test_pytensors_blas_flag_is_not_probed_and_stays_unset(monkeypatch):
+    """PyTensor finds ``blas__ldflags``'s default by compiling C test programs (0.3 s):
+    ``from_pymc`` and a run (initial points, constrained draws) never ask for it, and leave
+    it unset for PyTensor's C backend; a flag already set is read as it is."""
+    import pytensor
+
+    from chainrunner.adapters import _pymc
+
+    param = pytensor.config._config_var_dict["blas__ldflags"]
+    if hasattr(param, "val"):  # read in this process before: unset it for the test
+        monkeypatch.delattr(param, "val")
+    probes = []
+    real = param._default
+    monkeypatch.setattr(param, "_default", lambda: (probes.append(1), real())[1])
+    model, _ = conjugate()
+    cr.sample(cr.from_pymc(model), jax.random.key(0), None, 5, num_warmup=5, num_chains=2,
+              progress=False, warn=False)  # fmt: skip
+    assert probes == [] and not hasattr(param, "val")
+    param.val = "-lblas"  # the user's (or PyTensor's, found before)
+    try:
+        with _pymc._no_blas_probe():
+            assert pytensor.config.blas__ldflags == "-lblas"
+        assert param.val == "-lblas" and probes == []
+    finally:
+        del param.val
+
+
 def test_a_run_runs_pytensors_log_density_python_once_per_context(monkeypatch):
     """The log density's Python (PyTensor's generated JAX code) runs once per context of a
     run (outside the mesh, inside it), not once per place that calls it (init, the

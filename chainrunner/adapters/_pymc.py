@@ -28,12 +28,13 @@ a float32 kernel before or after a PyMC run samples in float32.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -56,8 +57,7 @@ def _pymc() -> Any:
 
     ``pymc.sampling.jax`` rewrites ``XLA_FLAGS`` on import (a CPU device count of 100),
     and PyTensor's JAX backend turns ``jax_enable_x64`` on for the process: chainrunner
-    restores both, so the user's device count and JAX setting stand. PyTensor's BLAS check
-    warns on first use of its C backend, which chainrunner never uses: silenced here.
+    restores both, so the user's device count and JAX setting stand.
     """
     try:
         import pymc
@@ -65,14 +65,43 @@ def _pymc() -> Any:
         raise ImportError(f"{INSTALL} ({e}).") from e
     if not {"pymc.sampling.jax", "pytensor.link.jax.dispatch"} <= sys.modules.keys():
         _import_jax_helpers()
+    return pymc
+
+
+@contextlib.contextmanager
+def _no_blas_probe() -> Iterator[None]:
+    """Inside, PyTensor's ``blas__ldflags`` reads as ``""`` where nobody has set or read it.
+
+    Its default is found by compiling test programs with the C compiler: 0.3 s of every
+    process's ``from_pymc``, measured on PyMC 5 and 6. PyTensor's JAX conversion reads the
+    flag (the condition of a sparse rewrite that makes a C-only op, which JAX cannot run)
+    and never uses it, so ``""`` leaves the JAX functions as they were (the same draws,
+    bitwise). Afterwards the flag is unset again: PyTensor's C backend, where the process
+    uses it, finds the default as usual (and warns there if it finds no BLAS). A flag set
+    by the user (``PYTENSOR_FLAGS``, ``.pytensorrc``) or already read is left alone.
+    """
     import pytensor
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=".*could not link to a BLAS", category=UserWarning
-        )
-        _ = pytensor.config.blas__ldflags  # computed (and its warning given) once, here
-    return pymc
+    config = pytensor.config
+    param = getattr(config, "_config_var_dict", {}).get("blas__ldflags")
+    if param is None or hasattr(param, "val") or _user_set(config, "blas__ldflags"):
+        yield
+        return
+    param.val = ""
+    try:
+        yield
+    finally:
+        if getattr(param, "val", None) == "":  # (unless it was set meanwhile)
+            del param.val
+
+
+def _user_set(config: Any, name: str) -> bool:
+    """Whether the user set PyTensor's flag ``name`` (in ``PYTENSOR_FLAGS`` or a config file)."""
+    try:
+        config.fetch_val_for_key(name)
+    except (KeyError, AttributeError):
+        return False
+    return True
 
 
 def _import_jax_helpers() -> None:
@@ -139,7 +168,8 @@ class Compiled(NamedTuple):
 def _jax_graph(inputs: list, outputs: list) -> Callable:
     from pymc.sampling.jax import get_jaxified_graph
 
-    return get_jaxified_graph(inputs=inputs, outputs=outputs)
+    with _no_blas_probe():
+        return get_jaxified_graph(inputs=inputs, outputs=outputs)
 
 
 def _logdensity(model: Any, names: tuple[str, ...]) -> Callable:
@@ -148,7 +178,8 @@ def _logdensity(model: Any, names: tuple[str, ...]) -> Callable:
     # The log density itself (negative_logp=True), jitted: a run traces it several times
     # (init, the step-size search, the step), and JAX keeps the trace of a jitted
     # function by its argument types, so PyTensor's generated Python runs once per type.
-    logp = jax.jit(get_jaxified_logp(model))
+    with _no_blas_probe():
+        logp = jax.jit(get_jaxified_logp(model))
 
     def logdensity_fn(position: Mapping[str, jax.Array]) -> jax.Array:
         return logp([position[name] for name in names])
