@@ -208,22 +208,27 @@ def test_step_flops_are_read_from_the_one_trace_of_the_step(monkeypatch):
 
 def test_a_run_traces_its_kernels_step_once(monkeypatch):
     """The rule's cost of the step, the draw's shape and the chunk program all read one
-    trace of the kernel's step (``kernel_step``): a run that costs its step traces the
-    kernel's Python once, and a second call once again (what the step reads may have
-    changed since); its draws are the same."""
-    traced = []
+    trace of the kernel's step (``kernel_step``), and the init program replays the init
+    that trace started from: a run that costs its step traces the kernel's Python once
+    each, and a second call once again (what they read may have changed since); its
+    draws are the same."""
+    traced, inits = [], []
+
+    def init(position, rng_key=None):
+        inits.append(1)
+        return NUTS.init(position, rng_key)
 
     def step(rng_key, state):
         traced.append(1)
         return NUTS.step(rng_key, state)
 
-    kernel = cr.Kernel(init=NUTS.init, step=step)
+    kernel = cr.Kernel(init=init, step=step)
     first = cr.run(kernel, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
                    warn=False, keep=lambda state, info: state.position[:2])  # fmt: skip
-    assert len(traced) == 1 and first.attrs["batch_size"] == 1
+    assert len(traced) == 1 and len(inits) == 1 and first.attrs["batch_size"] == 1
     again = cr.run(kernel, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
                    warn=False, keep=lambda state, info: state.position[:2])  # fmt: skip
-    assert len(traced) == 2
+    assert len(traced) == 2 and len(inits) == 2
     np.testing.assert_array_equal(first.draws, again.draws)
     plain = cr.run(NUTS, jax.random.key(4), X0, 30, mesh=cr.chain_mesh(2), progress=False,
                    warn=False)  # fmt: skip

@@ -260,6 +260,20 @@ class KernelStep(NamedTuple):
         return jax.tree.unflatten(jax.tree.structure((self.state, self.info)), out)
 
 
+class KernelInit(NamedTuple):
+    """One chain's kernel init, traced once (``kernel_step``): its jaxpr and its state."""
+
+    jaxpr: Any
+    """The init's ``ClosedJaxpr``: ``(position, rng_key, params) -> state``, leaves."""
+    state: Any
+    """Shape structs of the state the init returns."""
+
+    def call(self, position: Any, rng_key: Any, params: Any) -> Any:
+        """The init replayed from its jaxpr (no second trace of the kernel's Python)."""
+        out = jaxpr_as_fun(self.jaxpr)(*jax.tree.leaves((position, rng_key, params)))
+        return jax.tree.unflatten(jax.tree.structure(self.state), out)
+
+
 def kernel_step(kernel: Kernel, position: Any, state: Any) -> KernelStep:
     """One chain's step traced (nothing compiled), from one chain's init where ``state`` is
     ``None``: the one trace of the kernel's step that ``draw_shape``, the batch-size rule
@@ -270,11 +284,32 @@ def kernel_step(kernel: Kernel, position: Any, state: Any) -> KernelStep:
     by the next call), shapes and trace settings."""
     one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), (position, state))
     if state is None:
-        key = (id(kernel), signature((one[0], kernel.params)), trace_settings())
-        found, init = _INITS.lookup(key, owner=kernel)
-        init = init if found else _INITS.put(key, _init_shape(kernel, one[0]), owner=kernel)
-        one = (None, init)
+        one = (None, _init_of(kernel, one[0]).state)
     return _step_of(kernel, one[1], _struct(jax.random.key(0), ()), TRACE_LOCK)
+
+
+def _init_key(kernel: Kernel, position: Any, settings: tuple) -> tuple:
+    return (id(kernel), signature((position, kernel.params)), settings)
+
+
+def _init_of(kernel: Kernel, position: Any) -> KernelInit:
+    """The init traced for one chain's ``position`` structs (``None`` where the kernel
+    draws its own), cached per ``kernel`` object like the step."""
+    key = _init_key(kernel, position, _step_settings())
+    found, init = _INITS.lookup(key, owner=kernel)
+    return init if found else _INITS.put(key, _trace_init(kernel, position), owner=kernel)
+
+
+def _outer_init(kernel: Kernel, position: Any, rng_key: Any, params: Any) -> Any:
+    """Inside the init program's ``shard_map``: the init as ``kernel_step`` traced it
+    outside any mesh, replayed, where it did (the batch-size rule traces it first); else
+    the kernel's init, traced here."""
+    one = jax.tree.map(lambda x: _struct(x, np.shape(x)), position)
+    outside = (*trace_settings()[:-1], _NO_MESH)
+    found, init = _INITS.lookup(_init_key(kernel, one, outside), owner=kernel)
+    if found:
+        return init.call(position, rng_key, params)
+    return kernel.bind(params).init(position, rng_key)
 
 
 def _step_key(kernel: Kernel, state: Any, rng_key: Any, settings: tuple) -> tuple:
@@ -311,14 +346,14 @@ def _struct(x: Any, shape: tuple) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
 
 
-def _init_shape(kernel: Kernel, position: Any) -> Any:
-    rng = jax.random.key(0)
+def _trace_init(kernel: Kernel, position: Any) -> KernelInit:
+    def init(position, rng_key, params):
+        return kernel.bind(params).init(position, rng_key)
 
-    def init(position, params):
-        return kernel.bind(params).init(position, rng)
-
+    rng_key = _struct(jax.random.key(0), ())
     with TRACE_LOCK:
-        return jax.eval_shape(init, position, kernel.params)
+        jaxpr, out = jax.make_jaxpr(init, return_shape=True)(position, rng_key, kernel.params)
+    return KernelInit(jaxpr, out)
 
 
 def _step_of(kernel: Kernel, state: Any, rng_key: Any, lock: Any) -> KernelStep:
@@ -392,7 +427,7 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
         def one(args):
             position, chain, tries = args
             init_key = retry_key(chain_key_pair(rng_key, chain)[0], tries)
-            state = k.init(position, init_key)
+            state = _outer_init(kernel, position, init_key, params)
             lp = k.logdensity(state) if k.logdensity is not None else None
             return state, jnp.zeros(()) if lp is None else jnp.asarray(lp)
 
