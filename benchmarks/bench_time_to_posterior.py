@@ -16,7 +16,8 @@ left them. The process runs on ``--devices`` CPU devices (2: the machine's cores
 per process: its wall time (spawn to exit, measured by the parent) and its phases
 (imports, model, front end, compile, sampling with warmup, the rest: diagnostics and
 ArviZ); the figure is the smallest of bulk and tail ESS over the free variables per second
-of the whole process. Round ``r`` (``--reps``) gives every tool seed ``r``, so the
+of the whole process, and, per gradient of the draws (``sample_stats.n_steps``), against
+nutpie's. Round ``r`` (``--reps``) gives every tool seed ``r``, so the
 medians average the ESS of several seeds. Ratios: chainrunner over the better of nutpie
 and PyMC's numpyro path, per model, from processes interleaved in one run.
 
@@ -103,7 +104,15 @@ def child(model_name: str, method: str, t_start: float, seed: int = 0) -> dict:
         phases["sampling"] = time.time() - t
     t = time.time()
     ess = _min_ess(idata, names)
-    return {"phases": phases, "ess": ess, "ess_time": time.time() - t, "since_start": t - t0}
+    return {"phases": phases, "ess": ess, "grads": _gradients(idata),
+            "ess_time": time.time() - t, "since_start": t - t0}  # fmt: skip
+
+
+def _gradients(idata) -> float | None:
+    """The draws' gradient evaluations: the sum of ``sample_stats.n_steps`` (leapfrog steps,
+    each one gradient), or ``None`` where the tool does not record it."""
+    stats = idata["sample_stats"] if hasattr(idata, "children") else idata.sample_stats
+    return float(stats["n_steps"].values.sum()) if "n_steps" in stats else None
 
 
 def _environment(cache: str, devices: int) -> dict:
@@ -197,11 +206,35 @@ def _table(rows: list, methods: list) -> None:
                     print(
                         f"| {model} | {run} | {m} | {r['wall']:.2f} | {r['ess_per_s']:.0f} | {ph} |"
                     )
-    print("\nchainrunner's ESS per process-second over the better of nutpie and pymc_numpyro:")
-    print("| model | first | second |\n|---|---:|---:|")
+    print("\nchainrunner's ESS per process-second over the better of nutpie and pymc_numpyro;")
+    print("its ESS per gradient of the draws over nutpie's (the first processes' seeds):")
+    print("| model | first | second | per gradient |\n|---|---:|---:|---:|")
+    per_gradient = gradient_ratios(rows)
     for model, cells in ratios(rows).items():
         if cells:
-            print(f"| {model} | " + " | ".join(f"{c:.2f}" for c in cells.values()) + " |")
+            grad = per_gradient.get(model)
+            print(f"| {model} | " + " | ".join(f"{c:.2f}" for c in cells.values())
+                  + f" | {'-' if grad is None else f'{grad:.2f}'} |")  # fmt: skip
+
+
+def gradient_ratios(rows: list) -> dict:
+    """``{model: r}``: chainrunner's median ESS per gradient of the draws over nutpie's
+    (first processes: every round's seed once), where both recorded their gradients."""
+    out = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        per = {}
+        for method in ("chainrunner", "nutpie"):
+            found = [
+                r["ess"] / r["grads"]
+                for r in rows
+                if (r["model"], r["method"], r["run"]) == (model, method, "first")
+                and r.get("grads")
+            ]
+            if found:
+                per[method] = statistics.median(found)
+        if len(per) == 2:
+            out[model] = per["chainrunner"] / per["nutpie"]
+    return out
 
 
 def ratios(rows: list) -> dict:
