@@ -8,8 +8,8 @@ one kernel step (``step_flops``: the arithmetic of the step's jaxpr, a while loo
 counted once, read from the one trace of the step the run makes anyway). Never a
 timing: the same script with the same seed gives the same batch size, and so the same
 draws, in every process. The same facts give the chunk program's XLA options
-(``compile_options``); the init program's depend on the device kind only
-(``init_compile_options``).
+(``compile_options``), and from those, the device kind and the JAX version, the init
+program's (``init_compile_options``).
 
 The rule (``docs/batch-size.md`` has the measurements behind each constant):
 
