@@ -38,7 +38,7 @@ def _rotl(x: jax.Array, r: int) -> jax.Array:
     return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
-def hash2x32(key: jax.Array, x1: Any, x2: Any) -> tuple[jax.Array, jax.Array]:
+def _hash2x32(key: jax.Array, x1: Any, x2: Any) -> tuple[jax.Array, jax.Array]:
     """The Threefry-2x32 hash of the counters ``(x1, x2)`` under ``key`` (data, ``(..., 2)``)."""
     k1, k2 = key[..., 0], key[..., 1]
     ks = (k1, k2, k1 ^ k2 ^ _PARITY)
@@ -51,6 +51,11 @@ def hash2x32(key: jax.Array, x1: Any, x2: Any) -> tuple[jax.Array, jax.Array]:
         x1 = x1 + ks[(i + 1) % 3]
         x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
     return x1, x2
+
+
+hash2x32 = jax.jit(_hash2x32, inline=True)
+"""``_hash2x32``, traced once per shapes and inlined where it is called: its hundred-odd
+operations are recorded once a process, not on every trace of a program that draws."""
 
 
 def fold_in(key: jax.Array, data: Any) -> jax.Array:
