@@ -10,7 +10,9 @@ only misses. A digest that cannot be trusted is not made at all (``None``):
 - the text shows a Python object by its address (``<function f at 0x...>``): a callable
   parameter whose behaviour the text does not show. Except the transformation rules of
   ``custom_jvp``, ``custom_vjp`` and ``custom_vmap`` (``_RULES``): they act only when the
-  program is transformed further, and a traced program is lowered as it is;
+  program is transformed further, and a traced program is lowered as it is; and JAX's
+  own key implementations (a ``random_wrap``'s ``impl``, the very object JAX registers
+  under the name the text shows);
 - the program calls back into Python (its callbacks are Python functions);
 - a constant whose values cannot be read.
 
@@ -233,8 +235,27 @@ def _check_params(eqn: Any) -> None:
         inner = value if isinstance(value, (tuple, list)) else (value,)
         if name in rules or (inner and all(_is_jaxpr(v) for v in inner)):
             continue  # (a jaxpr's own equations are checked in turn)
+        if name == "impl" and _jax_key_impl(value):
+            continue
         if _ADDRESS.search(repr(value)):
             raise _NotKeyable(f"{eqn.primitive.name}[{name}]")
+
+
+_JAX_KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+_key_impls: dict[str, Any] = {}
+
+
+def _jax_key_impl(value: Any) -> bool:
+    """Whether ``value`` (a ``random_wrap``'s ``impl``, shown with its functions'
+    addresses) is one of JAX's own key implementations, which the text names (``fry``)."""
+    name = getattr(value, "name", None)
+    if name not in _JAX_KEY_IMPLS:
+        return False
+    if name not in _key_impls:
+        data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=name)))
+        wrap = jax.make_jaxpr(lambda d: jax.random.wrap_key_data(d, impl=name))(data)
+        _key_impls[name] = wrap.jaxpr.eqns[0].params["impl"]
+    return value is _key_impls[name]
 
 
 def _is_jaxpr(v: Any) -> bool:

@@ -27,6 +27,7 @@ from ..core._settings import trace_settings
 from ..layout import _mesh
 from . import _ensemble
 from ._compile import TRACE_LOCK, signature
+from ._replay import replayed
 
 # A chunk longer than the default 250 draws (``_loop.schedule``) stays so only while its
 # outputs stay within this many bytes per device.
@@ -254,9 +255,12 @@ class KernelStep(NamedTuple):
     info: Any
     """Shape structs of the step's info."""
 
-    def call(self, rng_key: Any, state: Any, params: Any) -> tuple[Any, Any]:
-        """The step replayed from its jaxpr (no second trace of the kernel's Python)."""
-        out = jaxpr_as_fun(self.jaxpr)(*jax.tree.leaves((rng_key, state, params)))
+    def call(
+        self, rng_key: Any, state: Any, params: Any, unrolled: bool = False
+    ) -> tuple[Any, Any]:
+        """The step replayed from its jaxpr (no second trace of the kernel's Python);
+        ``unrolled``: its threefry key derivations written out (``_replay``, for CPU)."""
+        out = replayed(self.jaxpr, unrolled)(*jax.tree.leaves((rng_key, state, params)))
         return jax.tree.unflatten(jax.tree.structure((self.state, self.info)), out)
 
 
@@ -268,9 +272,10 @@ class KernelInit(NamedTuple):
     state: Any
     """Shape structs of the state the init returns."""
 
-    def call(self, position: Any, rng_key: Any, params: Any) -> Any:
-        """The init replayed from its jaxpr (no second trace of the kernel's Python)."""
-        out = jaxpr_as_fun(self.jaxpr)(*jax.tree.leaves((position, rng_key, params)))
+    def call(self, position: Any, rng_key: Any, params: Any, unrolled: bool = False) -> Any:
+        """The init replayed from its jaxpr (no second trace of the kernel's Python);
+        ``unrolled`` as in ``KernelStep.call``."""
+        out = replayed(self.jaxpr, unrolled)(*jax.tree.leaves((position, rng_key, params)))
         return jax.tree.unflatten(jax.tree.structure(self.state), out)
 
 
@@ -300,7 +305,7 @@ def _init_of(kernel: Kernel, position: Any) -> KernelInit:
     return init if found else _INITS.put(key, _trace_init(kernel, position), owner=kernel)
 
 
-def _outer_init(kernel: Kernel, position: Any, rng_key: Any, params: Any) -> Any:
+def _outer_init(kernel: Kernel, position: Any, rng_key: Any, params: Any, unrolled: bool) -> Any:
     """Inside the init program's ``shard_map``: the init as ``kernel_step`` traced it
     outside any mesh, replayed, where it did (the batch-size rule traces it first); else
     the kernel's init, traced here."""
@@ -308,7 +313,7 @@ def _outer_init(kernel: Kernel, position: Any, rng_key: Any, params: Any) -> Any
     outside = (*trace_settings()[:-1], _NO_MESH)
     found, init = _INITS.lookup(_init_key(kernel, one, outside), owner=kernel)
     if found:
-        return init.call(position, rng_key, params)
+        return init.call(position, rng_key, params, unrolled)
     return kernel.bind(params).init(position, rng_key)
 
 
@@ -337,8 +342,10 @@ def _step_settings() -> tuple:
     return settings
 
 
-def _replay(stepped: KernelStep, params: Any, rng_key: Any, state: Any) -> tuple[Any, Any]:
-    return stepped.call(rng_key, state, params)
+def _replay(
+    stepped: KernelStep, params: Any, unrolled: bool, rng_key: Any, state: Any
+) -> tuple[Any, Any]:
+    return stepped.call(rng_key, state, params, unrolled)
 
 
 def _struct(x: Any, shape: tuple) -> jax.ShapeDtypeStruct:
@@ -412,6 +419,12 @@ def check_keep_names(kernel: Kernel, keep: Any, position: Any, state: Any, n: in
         draw_shape(kernel, keep, position, state, n)
 
 
+def unrolled_random(mesh: Mesh) -> bool:
+    """Whether programs on ``mesh`` replay the kernel's threefry random numbers written out
+    (``_replay``): on CPU, where JAX's own are rolled loops. Accelerators keep JAX's."""
+    return mesh.devices.flat[0].platform == "cpu"
+
+
 def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> Callable:
     """``(position, chain, tries, rng_key, params) -> (state, lp)``, over the mesh.
 
@@ -420,6 +433,8 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
     if kernel.ensemble is not None:
         return _ensemble.init_program(kernel, mesh, batch_size, n, trace_counts)
 
+    unrolled = unrolled_random(mesh)
+
     def init_chains(position, chain, tries, rng_key, params):  # (the name JAX's logs give)
         trace_counts["init"] += 1
         k = kernel.bind(params)  # params are replicated, closed over (not mapped)
@@ -427,7 +442,7 @@ def init_program(kernel: Kernel, mesh: Mesh, batch_size: int | None, n: int) -> 
         def one(args):
             position, chain, tries = args
             init_key = retry_key(chain_key_pair(rng_key, chain)[0], tries)
-            state = _outer_init(kernel, position, init_key, params)
+            state = _outer_init(kernel, position, init_key, params, unrolled)
             lp = k.logdensity(state) if k.logdensity is not None else None
             return state, jnp.zeros(()) if lp is None else jnp.asarray(lp)
 
@@ -455,13 +470,16 @@ def chunk_program(
             functools.partial(_kept_extract, kernel, keep), trace_counts,
         )  # fmt: skip
 
+    unrolled = unrolled_random(mesh)
+
     def sample_chunk(state, chain, rng_key, start, n_valid, params):
         trace_counts["chunk"] += 1
         k = apply_keep(kernel.bind(params), keep)
         one = jax.tree.map(lambda x: _struct(x, np.shape(x)[1:]), state)
         # The step's one trace (``kernel_step``: the rule and the draw's shape read it too)
         stepped = _outer_step(kernel, one, _struct(rng_key, ()))
-        step = trace_step(k, thinning, state, rng_key, functools.partial(_replay, stepped, params))
+        replay = functools.partial(_replay, stepped, params, unrolled)
+        step = trace_step(k, thinning, state, rng_key, replay)
         rows = chunk_len
         if least is not None:
             rows = fitted_rows(chunk_len, least, jax.tree.leaves(state)[0].shape[0], step.draw)
