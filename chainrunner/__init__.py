@@ -9,6 +9,7 @@ from .core._kernel import Adapter as Adapter
 from .core._kernel import CrossChainWarmup as CrossChainWarmup
 from .core._kernel import Ensemble as Ensemble
 from .core._kernel import Kernel as Kernel
+from .core._kernel import WarmupChunks as WarmupChunks
 from .core._kernel import WarmupRequest as WarmupRequest
 from .layout._mesh import chain_mesh as chain_mesh
 from .layout._mesh import request_cpu_devices as request_cpu_devices
@@ -34,6 +35,7 @@ __all__ = [
     "Forgotten",
     "Kernel",
     "Trace",
+    "WarmupChunks",
     "WarmupRequest",
     "adapted_parameters",
     "chain_map",

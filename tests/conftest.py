@@ -122,6 +122,7 @@ SLOW = [
     "test_ensemble.py::*",
     "test_cross_chain_sharded.py::*",
     "test_warmup.py::*",
+    "test_warmup_chunks.py::*",
     "test_bitwise.py::*",
     "test_properties.py::*",
     "test_run.py::test_same_batch_width_is_bitwise_across_device_counts",

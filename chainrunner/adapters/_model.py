@@ -21,7 +21,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..core._kernel import Adapter, CrossChainWarmup, FixedKernel, Kernel, WarmupRequest
+from ..core._kernel import (
+    Adapter,
+    CrossChainWarmup,
+    FixedKernel,
+    Kernel,
+    WarmupChunks,
+    WarmupRequest,
+)
 from ._blackjax._adaptations import SAMPLERS, name_of
 
 __all__ = ["ModelAdapter", "build_sampler", "with_target_accept", "wrap"]
@@ -87,13 +94,22 @@ class ModelAdapter(Adapter):
         kernel = self.sampler.build_kernel(num_warmup=num_warmup, previous_params=previous_params)
         return wrap(kernel, self.start, self.constrain)
 
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """The sampler's cross-chain warmup (ChEES, MEADS, pooled); its kept draws constrained."""
-        out = self.sampler.cross_chain_warmup(request)
-        draws = out.draws
-        if draws is not None:
-            draws = self.over_draws("constrain", self.constrain)(draws)
-        return out._replace(kernel=wrap(out.kernel, self.start, self.constrain), draws=draws)
+    def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
+        """The sampler's cross-chain warmup (ChEES, MEADS, pooled, tuners): each chunk's
+        kept draws constrained, the kernel it ends with wrapped."""
+        w = self.sampler.cross_chain_warmup(request)
+
+        def step(carry: Any, first: int, count: int) -> tuple:
+            carry, draws, stats = w.step(carry, first, count)
+            if draws is not None:
+                draws = self.over_draws("constrain", self.constrain)(draws)
+            return carry, draws, stats
+
+        def finish(carry: Any) -> CrossChainWarmup:
+            out = w.finish(carry)
+            return out._replace(kernel=wrap(out.kernel, self.start, self.constrain))
+
+        return w._replace(step=step, finish=finish)
 
     def over_draws(self, name: str, fn: Callable) -> Callable:
         """``fn`` of one draw, jitted over ``(chain, draw)``, results on the host."""

@@ -162,7 +162,7 @@ class Ensemble(NamedTuple):
 
 
 class CrossChainWarmup(NamedTuple):
-    """What ``Adapter.cross_chain_warmup`` returns.
+    """What a cross-chain warmup ends with (``WarmupChunks.finish``).
 
     Attributes:
         state: the adapted, padded, sharded kernel state to start sampling from.
@@ -185,6 +185,71 @@ class CrossChainWarmup(NamedTuple):
     attrs: dict | None = None
 
 
+class WarmupChunks(NamedTuple):
+    """A cross-chain warmup as ``run`` drives it, chunk by chunk: what
+    ``Adapter.cross_chain_warmup`` returns.
+
+    ``run`` calls ``start`` once, then ``step`` over the warmup's steps ``chunk`` at a
+    time (the last chunk may be shorter), moving the progress bar after each chunk
+    and stopping between two on Ctrl-C; then ``finish``.
+
+    Attributes:
+        chunk: steps per ``step`` call; the warmup's whole length for a warmup that runs
+            as one step (blackjax's tuners: the bar moves once, when it is done).
+        start: ``start() -> carry``: the warmup before its first step.
+        step: ``step(carry, first, count) -> (carry, draws, stats)``: runs warmup steps
+            ``first .. first + count - 1``; ``draws`` and ``stats`` are theirs when the
+            warmup draws are kept (numpy, ``(chain, draw, ...)``, the real chains only),
+            else ``None``.
+        finish: ``finish(carry) -> CrossChainWarmup``: the chains' states and the
+            sampling kernel with the parameters adapted so far (its ``draws`` and
+            ``stats`` are not used: ``run`` joins the chunks').
+        fingerprint: ``None``, or ``fingerprint() -> str``: a digest of what the warmup
+            computes (its compiled chunk program's text). With it, a run with a
+            ``checkpoint`` writes the carry after every chunk (a pytree of arrays, the
+            same structure as ``start()``'s, whose leaves have a leading axis that the
+            mesh's ``'chain'`` axis splits) and resumes a warmup of the same fingerprint
+            from it, bit for bit; its kept draws have the structure of the sampling
+            kernel's.
+
+    Examples:
+        >>> import chainrunner as cr
+        >>> kernel = cr.Kernel(init=lambda p, k: p, step=lambda k, x: (x, {}))
+        >>> w = cr.WarmupChunks(chunk=10, start=lambda: 0,
+        ...                     step=lambda c, first, count: (c + count, None, None),
+        ...                     finish=lambda c: cr.CrossChainWarmup(c, kernel))
+        >>> c = w.start()
+        >>> for first in range(0, 25, w.chunk):
+        ...     c, _, _ = w.step(c, first, min(w.chunk, 25 - first))
+        >>> w.finish(c).state
+        25
+    """
+
+    chunk: int
+    start: Callable[[], Any]
+    step: Callable[[Any, int, int], tuple[Any, Any, Any]]
+    finish: Callable[[Any], CrossChainWarmup]
+    fingerprint: Callable[[], str] | None = None
+
+    @classmethod
+    def whole(cls, num_warmup: int, warmup: Callable[[], CrossChainWarmup]) -> WarmupChunks:
+        """A warmup that runs as one step: ``warmup()``, called by the one ``step``.
+
+        Examples:
+            >>> import chainrunner as cr
+            >>> kernel = cr.Kernel(init=lambda p, k: p, step=lambda k, x: (x, {}))
+            >>> w = cr.WarmupChunks.whole(50, lambda: cr.CrossChainWarmup(1, kernel))
+            >>> w.chunk, w.finish(w.step(w.start(), 0, 50)[0]).state
+            (50, 1)
+        """
+
+        def step(carry: Any, first: int, count: int) -> tuple:
+            out = warmup()
+            return out, out.draws, out.stats
+
+        return cls(num_warmup, lambda: None, step, lambda out: out)
+
+
 class WarmupRequest(NamedTuple):
     """What ``run`` hands a cross-chain warmup.
 
@@ -200,6 +265,8 @@ class WarmupRequest(NamedTuple):
             ``"auto"``); a warmup that spreads per-chain work over the devices
             (``_collective.spread``) takes its batch width from it, so that its results
             do not depend on the device count.
+        chunk_size: warmup steps per chunk (``WarmupChunks.chunk``) for a warmup that
+            can stop between steps; ``None``: all of them in one chunk.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -217,6 +284,7 @@ class WarmupRequest(NamedTuple):
     mesh: Mesh
     keep_warmup: bool
     batch_size: int | str | None = "auto"
+    chunk_size: int | None = None
 
 
 class Adapter:
@@ -262,8 +330,9 @@ class Adapter:
         """
         raise NotImplementedError
 
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """Adapts over all chains before sampling (only if ``has_cross_chain_warmup``)."""
+    def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
+        """Adapts over all chains before sampling (only if ``has_cross_chain_warmup``),
+        in chunks that ``run`` drives."""
         raise NotImplementedError
 
     def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:

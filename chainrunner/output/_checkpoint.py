@@ -12,6 +12,11 @@ Layout of ``PATH/``:
   ones), each ``(chain, draw, ...)``. Each opens on its own with ``arviz.from_netcdf``
   (arviz < 1) or ``xarray.open_datatree`` (arviz >= 1).
 - ``state_000000.npz`` ...: the kernel state after each chunk (what a resume needs).
+- ``warmup_manifest.json``, ``warmup_chunk_000000.nc``, ``warmup_state_000000.npz`` ...:
+  the same for the chunks of a cross-chain warmup (ChEES, MEADS, pooled Fisher), which
+  runs before the sampling loop's chunks: their draws in the ``warmup_`` groups, and
+  after each chunk the warmup's whole state (the chains' states, the adaptation's, the
+  parameters adapted so far), a phase of its own (``WARMUP``).
 
 Every file is verified against the manifest before anything of it is used: a chunk that
 is missing, truncated or altered (or whose state is) is never read. A resume keeps the
@@ -46,6 +51,8 @@ from ..layout import _distributed
 from . import _mismatch
 
 VERSION = 2
+WARMUP = "warmup_"
+"""The file prefix of a cross-chain warmup's checkpoint (``Checkpoint(prefix=WARMUP)``)."""
 GROUPS = ("posterior", "sample_stats", "warmup_posterior", "warmup_sample_stats")
 _BLOCK = 1 << 23  # 8 MiB reads for the checksums
 
@@ -143,21 +150,28 @@ def _write_npz(tmp: str, state: Any) -> None:
         np.savez(f, **leaves)
 
 
+def _is_warmup(name: str) -> bool:
+    """Whether a file of a checkpoint folder belongs to its cross-chain warmup."""
+    return name.startswith(WARMUP) or (name.startswith(".tmp-") and WARMUP in name)
+
+
 class Checkpoint:
-    """One run's checkpoint folder.
+    """One run's checkpoint folder (or its cross-chain warmup's files, ``prefix=WARMUP``).
 
     Attributes:
         path: the folder.
         config: what identifies the run (compared with the manifest's).
+        prefix: the prefix of this phase's file names (``""``: the sampling loop's).
         chunks: the intact, committed chunks (after ``open``), in order.
         repaired: ``[(file, what is wrong)]`` found by ``open``; those chunks and the
             ones after them were dropped and are computed again.
     """
 
-    def __init__(self, path: str | os.PathLike, config: dict[str, Any]):
+    def __init__(self, path: str | os.PathLike, config: dict[str, Any], prefix: str = ""):
         self.path = os.fspath(path)
         self.config = config
-        self.manifest_path = os.path.join(self.path, "manifest.json")
+        self.prefix = prefix
+        self.manifest_path = os.path.join(self.path, f"{prefix}manifest.json")
         self.chunks: list[dict[str, Any]] = []
         self.repaired: list[tuple[str, str]] = []
         self._job: Background | None = None
@@ -205,13 +219,20 @@ class Checkpoint:
             return
         if os.path.isfile(self.path):
             raise ValueError(f"run: checkpoint={self.path!r} is a file; expected a folder.")
-        if os.path.exists(self.path) and os.listdir(self.path):
+        if os.path.exists(self.path) and self._own_files():
             raise ValueError(
                 f"run: checkpoint={self.path!r} exists, is not empty and has no "
-                "manifest.json; expected a chainrunner checkpoint folder or a new path."
+                f"{self.prefix}manifest.json; expected a chainrunner checkpoint folder or a "
+                "new path."
             )
         if create:
             self.create()
+
+    def _own_files(self) -> list[str]:
+        """The folder's files of this phase (the other phase's are not its business; a
+        temporary file left by a crash belongs to the phase it was written for)."""
+        mine = self.prefix == WARMUP
+        return [f for f in os.listdir(self.path) if _is_warmup(f) == mine]
 
     def _check_same_run(self, manifest: dict[str, Any]) -> None:
         """A ``ValueError`` saying in words how the manifest's run differs from this call's,
@@ -276,7 +297,7 @@ class Checkpoint:
         naming the folder; the chunks committed before it stay valid.
         """
         index = len(self.chunks)
-        nc, npz = f"chunk_{index:06d}.nc", f"state_{index:06d}.npz"
+        nc, npz = f"{self.prefix}chunk_{index:06d}.nc", f"{self.prefix}state_{index:06d}.npz"
         groups = {g: v for g, v in groups.items() if v[1]}
         try:
             checks = {
@@ -374,13 +395,23 @@ class Checkpoint:
         return jax.tree.unflatten(treedef, new)
 
 
-def open_for_run(path: str, config: dict[str, Any]) -> Checkpoint:
-    """Opens (or creates) a run's checkpoint folder, checking it belongs to this run.
+def written_without_warmup(path: str) -> bool:
+    """Whether ``path`` holds a sampling checkpoint but no warmup files: a run without a
+    cross-chain warmup, or one written before its warmup had a checkpoint."""
+    has = os.path.exists
+    return has(os.path.join(path, "manifest.json")) and not has(
+        os.path.join(path, f"{WARMUP}manifest.json")
+    )
+
+
+def open_for_run(path: str, config: dict[str, Any], prefix: str = "") -> Checkpoint:
+    """Opens (or creates) a run's checkpoint folder, checking it belongs to this run
+    (``prefix=WARMUP``: its cross-chain warmup's files).
 
     Every process checks and reads the folder (it must be visible to all of them); only
     process 0 creates and writes it, once all have looked.
     """
-    ckpt = Checkpoint(path, config)
+    ckpt = Checkpoint(path, config, prefix)
     multi = _distributed.is_multiprocess()
     ckpt.open(create=not multi)
     if multi:

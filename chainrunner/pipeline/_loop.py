@@ -84,9 +84,7 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
     chunk_len, fit = grid, False
     if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
-        holds = total if plan.progress is False else -(-total // BAR_UPDATES)
-        cap = next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
-        cap = max(cap, start.previous_chunk_size or 0)
+        cap = max(_longer_chunk(plan, total, grid), start.previous_chunk_size or 0)
         chunk_len, fit = cap, cap > grid
         if fit and kernel.ensemble is not None:  # (its program takes the rows as given)
             position = start.position if state is None else None
@@ -101,6 +99,24 @@ def schedule(plan: Any, start: Any, layout: Any, kernel: Kernel, state: Any) -> 
         thinning=plan.thinning,
         fit=fit,
     )
+
+
+def _longer_chunk(plan: Any, total: int, grid: int) -> int:
+    """The first of ``grid`` and ``QUIET_STEPS`` that holds ``total`` draws, or an eighth
+    of them where a bar may show (``progress`` not ``False``)."""
+    holds = total if plan.progress is False else -(-total // BAR_UPDATES)
+    return next((c for c in (grid, *QUIET_STEPS) if c >= holds), QUIET_CHUNK_SIZE)
+
+
+def warmup_chunk(plan: Any) -> int:
+    """Steps per chunk of a cross-chain warmup: ``schedule``'s rule for its draws
+    (``chunk_size``, else 250 where something needs the boundaries, else the first of
+    250, 500, 1000 and 2000 that holds the warmup or an eighth of it), times ``thinning``."""
+    total = plan.num_warmup // plan.thinning
+    grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
+    if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
+        grid = _longer_chunk(plan, total, grid)
+    return min(grid, total) * plan.thinning
 
 
 def needs_boundaries(plan: Any) -> bool:

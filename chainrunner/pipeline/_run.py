@@ -9,7 +9,8 @@
    ``_choose``), chain ids, key and parameters on the mesh (``_start.place``). The
    plan, adapter, start and placement are the run's context (``Run``) from here on.
 5. ``initialise`` (``_init``), with the loop compiling on a second thread meanwhile;
-   then the adapter's cross-chain warmup, where it has one.
+   then the adapter's cross-chain warmup, where it has one, chunk by chunk
+   (``_warmup``: the bar, Ctrl-C, its checkpoint).
 6. ``schedule``: the loop's lengths, the chunk length included (``_loop.schedule``),
    decided before the loop compiles (the compile-ahead thread makes the same call first).
 7. ``compile`` the chunk program (``_loop.compile_loop``, cached in ``_compile``);
@@ -33,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ..adapters import as_adapter
-from ..core._kernel import Adapter, Kernel, WarmupRequest
+from ..core._kernel import Adapter
 from ..core._settings import x64_scope
 from ..core._words import reject_pm_sample_words
 from ..layout import _distributed, _mesh
@@ -54,6 +55,7 @@ from ..stopping._until import Converged, Forgotten, Until, superchain_ids
 from . import _diagnose, _forget, _loop, _plan, _start
 from ._host import Collector, Ticker, progress_bar
 from ._init import Initialised, initialise
+from ._warmup import Warm, empty_draws, stopped_in_warmup, warm_up
 
 
 class Run(NamedTuple):
@@ -63,21 +65,6 @@ class Run(NamedTuple):
     adapter: Adapter
     start: _start.Start
     placed: _start.Placement
-
-
-class Warm(NamedTuple):
-    """After initialisation and any cross-chain warmup: what sampling starts from.
-
-    ``params``: the sampling kernel's parameters on the mesh (the placement's, unless a
-    cross-chain warmup adapted them).
-    """
-
-    kernel: Kernel
-    state: Any
-    params: Any
-    draws: Any = None
-    stats: dict | None = None
-    attrs: dict | None = None
 
 
 class Sampled(NamedTuple):
@@ -248,12 +235,16 @@ def _stages(plan: _plan.Plan, adapter: Adapter, initial_position: Any) -> Trace:
                     start.kernel, plan.keep, start.position, start.state, start.num_chains
                 )
             init, ahead = _initialise(ctx)
-            warm = _warm_up(ctx, init.state, bar)
+            warm = warm_up(ctx, init.state, bar)
             sched = _schedule(ctx, warm)
-            chunks, compile_time = _compile(ctx, sched, warm, ahead)
-            sched = chunks.sched  # (a longer chunk's rows, fitted to the draw's size)
-        warm, sched = _burn_in(ctx, sched, warm, chunks, bar)
-        sampled = _sample(ctx, sched, warm, chunks, bar)
+            if warm.stopped_after is not None:  # Ctrl-C in a cross-chain warmup
+                sched, sampled, compile_time = _stopped_in_warmup(ctx, sched, warm, bar)
+            else:
+                chunks, compile_time = _compile(ctx, sched, warm, ahead)
+                sched = chunks.sched  # (a longer chunk's rows, fitted to the draw's size)
+        if warm.stopped_after is None:
+            warm, sched = _burn_in(ctx, sched, warm, chunks, bar)
+            sampled = _sample(ctx, sched, warm, chunks, bar)
         trace = _assemble(ctx, sched, init, warm, sampled, compile_time + init.compile_time)
         _checks(plan, trace, sampled, bar)
     _report(ctx, sched, trace, sampled)
@@ -338,31 +329,15 @@ def _initialise(ctx: Run) -> tuple[Initialised, Any]:
     return init, getattr(hook, "ahead", None)
 
 
-def _warm_up(ctx: Run, state: Any, bar: Any) -> Warm:
-    """The adapter's cross-chain warmup, where the run has one; else the initial state.
-
-    It runs as one program: the bar says so, and moves past it when it is done.
-    """
-    plan, adapter, start, placed = ctx
-    if not start.cross_chain:
-        return Warm(start.kernel, state, placed.params)
-    bar.set_description("warmup (across chains)")
-    bar.refresh()
-    t0 = time.perf_counter()
-    request = WarmupRequest(
-        plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup,
-        plan.batch_size,
-    )  # fmt: skip
-    out = adapter.cross_chain_warmup(request)
-    draws, stats = out.draws, out.stats
-    if draws is not None and plan.thinning > 1:  # draw i: the state after step (i+1)*thinning
-        draws, stats = jax.tree.map(
-            lambda x: x[:, plan.thinning - 1 :: plan.thinning], (draws, stats)
-        )
-    attrs = {**(out.attrs or {}), "warmup_time": time.perf_counter() - t0}
-    bar.update(plan.num_warmup)
-    params = _start.replicate_params(out.kernel, placed.mesh)
-    return Warm(out.kernel, out.state, params, draws, stats, attrs)
+def _stopped_in_warmup(
+    ctx: Run, sched: _loop.Schedule, warm: Warm, bar: Any
+) -> tuple[_loop.Schedule, Sampled, float]:
+    """A run stopped by Ctrl-C in its cross-chain warmup: no draw sampled, the chains'
+    state and the parameters after the warmup steps done (``Warm.stopped_after``)."""
+    sched = stopped_in_warmup(ctx, sched, warm)
+    collector = Collector(ctx.plan, sched, ctx.placed, empty_draws(ctx, warm), bar, None)
+    collector.state = warm.state
+    return sched, Sampled(collector, None, [], 0.0, True), 0.0
 
 
 def _burn_in(
@@ -542,6 +517,7 @@ def _assemble(
         **_resumed(sampled.resumed_from, sched, plan.thinning),
         **({"checkpoint_repaired": sampled.repaired} if sampled.repaired else {}),
         **(warm.attrs or {}),
+        **({"warmup_steps_done": warm.stopped_after} if warm.stopped_after is not None else {}),
         **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
         **adapter.attrs(),
     }
@@ -576,7 +552,9 @@ def _resumed(first: int | None, sched: _loop.Schedule, thinning: int) -> dict[st
 def _report(ctx: Run, sched: _loop.Schedule, trace: Trace, sampled: Sampled) -> None:
     """Warns about an interruption (how to go on), or about what the diagnostics found."""
     plan, _, start, _ = ctx
-    if sampled.interrupted:
+    if "warmup_steps_done" in trace.attrs:
+        _warn_stopped_in_warmup(plan, trace.attrs["warmup_steps_done"])
+    elif sampled.interrupted:
         total = sched.first_step - start.first_step + sched.total_draws * plan.thinning
         done = trace.num_steps - start.first_step
         how = (
@@ -592,6 +570,24 @@ def _report(ctx: Run, sched: _loop.Schedule, trace: Trace, sampled: Sampled) -> 
         )
     elif plan.warn:
         warn_if_needed(trace)
+
+
+def _warn_stopped_in_warmup(plan: _plan.Plan, done: int) -> None:
+    """The notice of a run stopped by Ctrl-C in its cross-chain warmup: what it returns."""
+    kept = "the warmup draws so far, " if plan.keep_warmup else ""
+    again = (
+        "the same call again (same checkpoint) resumes the warmup"
+        if plan.checkpoint is not None
+        else "the same call again runs the whole warmup"
+    )
+    warnings.warn(
+        f"run: interrupted in the cross-chain warmup after {done} of {plan.num_warmup} "
+        f"warmup steps; no draws were sampled. The trace holds {kept}the chains' states and "
+        "the parameters adapted so far (cr.adapted_parameters(trace)): "
+        f"cr.run(kernel, rng_key, trace, n) samples on with them; {again}.",
+        ChainrunnerWarning,
+        stacklevel=caller_stacklevel(),
+    )
 
 
 def sample(

@@ -14,7 +14,10 @@ fill the devices never enter a statistic), in one of two layouts:
   ``vmap``: bitwise blackjax's own ``run``, and the same on any device count, no faster
   with more.
 
-One implementation serves both layouts (``_warmup_sharded.program``).
+One implementation serves both layouts (``_warmup_sharded.program``). It runs in chunks
+of steps, each a call of one compiled program (``_warmup_sharded.run_chunks``): the bar
+moves after each, Ctrl-C keeps the warmup done, and a checkpoint resumes it
+(``pipeline/_warmup``); chunked or not, the same bits.
 
 Sampling then runs under ``shard_map`` with the adapted shared parameters as
 ``Kernel.params``.
@@ -34,13 +37,14 @@ from ...core._kernel import (
     Adapter,
     CrossChainWarmup,
     Kernel,
+    WarmupChunks,
     WarmupRequest,
     default_extract,
     default_logdensity,
     library_attrs,
 )
 from ...layout import _distributed, _mesh
-from ._warmup_sharded import METHODS, Shape, chees_jitter, run_program
+from ._warmup_sharded import METHODS, Shape, chees_jitter, run_chunks
 from ._warmup_sharded import program as sharded_program
 
 # Chain-independent salt for the keys of the cross-chain warmup: those keys come from
@@ -219,15 +223,16 @@ class CrossChainAdaptation(Adapter):
             )
         return self.sampling_kernel(None)
 
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """Runs the cross-chain warmup over the real chains; called by ``run``.
+    def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
+        """The cross-chain warmup over the real chains, in chunks; ``run`` drives it.
 
         Args:
             request: the run's key, padded sharded states, chain count, warmup length,
-                mesh, and whether to keep the warmup draws.
+                mesh, batch size, chunk length, and whether to keep the warmup draws.
 
         Returns:
-            ``CrossChainWarmup(state, kernel, draws, stats, attrs)``.
+            ``WarmupChunks``, whose ``finish`` gives ``CrossChainWarmup(state, kernel,
+            attrs=...)``, the adapted parameters as the kernel's ``params``.
 
         Examples:
             >>> import blackjax, jax, jax.numpy as jnp
@@ -237,8 +242,9 @@ class CrossChainAdaptation(Adapter):
             >>> k = obj.build_kernel(num_warmup=20)
             >>> keys = jax.random.split(jax.random.key(0), 4)
             >>> state = jax.vmap(k.init)(jnp.ones((4, 2)), keys)
-            >>> out = obj.cross_chain_warmup(cr.WarmupRequest(jax.random.key(1), state,
+            >>> w = obj.cross_chain_warmup(cr.WarmupRequest(jax.random.key(1), state,
             ...     num_chains=4, num_warmup=20, mesh=cr.chain_mesh(1), keep_warmup=False))
+            >>> out = w.finish(w.step(w.start(), 0, 20)[0])
             >>> sorted(out.kernel.params)
             ['alpha', 'delta', 'momentum_inverse_scale', 'step_size']
         """
@@ -246,29 +252,24 @@ class CrossChainAdaptation(Adapter):
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         if self.adaptation == "meads":
             meads_folds(r.num_chains, self.options["num_folds"])  # eager error
-        new_state, params, draws, stats = self._run(r, padded)
-        return CrossChainWarmup(
-            _mesh.place(new_state, r.mesh),
-            self.sampling_kernel(params),
-            draws,
-            stats,
-            _adapted_attrs(self.adaptation, params),
-        )
-
-    def _run(self, r: WarmupRequest, padded: int) -> tuple:
-        """The warmup program (``_warmup_sharded``, either layout), run over the real chains."""
+        chunk = min(r.chunk_size or r.num_warmup, r.num_warmup)
         replicated = self.options["layout"] == "replicated"
         shape = Shape(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh,
                       None if replicated else r.batch_size, replicated)  # fmt: skip
+        o = dict(self.options)
+        if self.adaptation == "meads":
+            o["num_folds"] = meads_folds(r.num_chains, o["num_folds"])
+        program = sharded_program(METHODS[self.adaptation], self.logdensity_fn, o, shape,
+                                  _CROSS_CHAIN_SALT)  # fmt: skip
+        chunks = run_chunks(program, r.rng_key, r.state, r.num_chains, r.mesh, chunk)
 
-        def build() -> Callable:
-            o = dict(self.options)
-            if self.adaptation == "meads":
-                o["num_folds"] = meads_folds(r.num_chains, o["num_folds"])
-            method = METHODS[self.adaptation]
-            return sharded_program(method, self.logdensity_fn, o, shape, _CROSS_CHAIN_SALT)
+        def finish(carry: Any) -> CrossChainWarmup:
+            new_state, params = chunks.last(carry)
+            kernel = self.sampling_kernel(params)
+            attrs = _adapted_attrs(self.adaptation, params)
+            return CrossChainWarmup(_mesh.place(new_state, r.mesh), kernel, attrs=attrs)
 
-        return run_program(build(), r.rng_key, r.state, r.num_chains, r.mesh)
+        return WarmupChunks(chunk, chunks.start, chunks.step, finish, chunks.fingerprint)
 
 
 def _adapted_attrs(adaptation: str, params: dict) -> dict[str, Any]:

@@ -16,8 +16,8 @@ count for the same batch width, with no host round trip. Sampling then runs the 
 with the adapted step size (jittered by ``±step_size_jitter`` per step, as nutpie does)
 and mass matrix as ``Kernel.params``, shared by every chain.
 
-Like the other adaptations before sampling, it shows no progress while it runs and
-Ctrl-C does not keep its draws; checkpoints start after it.
+It runs in chunks (``_warmup_sharded.run_chunks``): the bar moves after each, Ctrl-C
+keeps the warmup done, and a checkpoint resumes it (``pipeline/_warmup``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ...core._kernel import (
     Adapter,
     CrossChainWarmup,
     Kernel,
+    WarmupChunks,
     WarmupRequest,
     default_extract,
     default_logdensity,
@@ -49,7 +50,7 @@ from ._warmup_fisher import (
     fisher_adapt_fn,
     start,
 )
-from ._warmup_sharded import Record, Rows, Shape, run_program
+from ._warmup_sharded import Record, Rows, Shape, Steps, run_chunks
 from ._warmup_sharded import program as sharded_program
 from ._warmup_window import jittered
 
@@ -98,7 +99,7 @@ def pooled_start(states: Any, keys: jax.Array, logdensity_fn: Callable,
 
 def pooled_method(algorithm: Callable, extra: dict, low_rank: bool) -> Callable:
     """The pooled warmup as a ``_warmup_sharded`` method: ``(logdensity_fn, options, n,
-    num_warmup, key, positions, rows) -> (last states, params, records)``."""
+    num_warmup, key, positions, rows) -> Steps``."""
 
     def method(logdensity_fn, o, n, num_warmup, key, positions, rows):
         _, adapt = fisher_adapt_fn(num_warmup, low_rank, o, logdensity_fn, pooled=True)
@@ -135,12 +136,12 @@ def pooled_method(algorithm: Callable, extra: dict, low_rank: bool) -> Callable:
             record = Record(new.position, new.logdensity, acc, div, eps, steps)
             return (new, a, t + 1), record
 
+        def params(carry):
+            a = carry[1]
+            return {"step_size": a.step_size, "inverse_mass_matrix": a.inverse_mass_matrix}
+
         carry = (states, a, jnp.int32(0))
-        (last, a, _), records = jax.lax.scan(
-            one_step, carry, jax.random.split(key_steps, num_warmup)
-        )
-        params = {"step_size": a.step_size, "inverse_mass_matrix": a.inverse_mass_matrix}
-        return last, params, records
+        return Steps(carry, one_step, jax.random.split(key_steps, num_warmup), params)
 
     return method
 
@@ -271,15 +272,16 @@ class PooledFisherAdaptation(Adapter):
             )
         return self.sampling_kernel(None)
 
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """Runs the pooled warmup over the real chains; called by ``run``.
+    def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
+        """The pooled warmup over the real chains, in chunks; ``run`` drives it.
 
         Args:
             request: the run's key, padded sharded states, chain count, warmup length,
-                mesh, batch size, and whether to keep the warmup draws.
+                mesh, batch size, chunk length, and whether to keep the warmup draws.
 
         Returns:
-            ``CrossChainWarmup(state, kernel, draws, stats, attrs)``.
+            ``WarmupChunks``, whose ``finish`` gives ``CrossChainWarmup(state, kernel,
+            attrs=...)``, the adapted parameters as the kernel's ``params``.
 
         Examples:
             >>> import blackjax, jax, jax.numpy as jnp
@@ -288,25 +290,26 @@ class PooledFisherAdaptation(Adapter):
             ...                        logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))
             >>> k = obj.build_kernel(num_warmup=50)
             >>> state = jax.vmap(k.init)(jnp.ones((4, 2)), jax.random.split(jax.random.key(0), 4))
-            >>> out = obj.cross_chain_warmup(cr.WarmupRequest(jax.random.key(1), state,
+            >>> w = obj.cross_chain_warmup(cr.WarmupRequest(jax.random.key(1), state,
             ...     num_chains=4, num_warmup=50, mesh=cr.chain_mesh(1), keep_warmup=False))
+            >>> out = w.finish(w.step(w.start(), 0, 50)[0])
             >>> sorted(out.kernel.params)
             ['inverse_mass_matrix', 'step_size']
         """
         r = request
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
+        chunk = min(r.chunk_size or r.num_warmup, r.num_warmup)
         shape = Shape(r.num_chains, padded, r.num_warmup, bool(r.keep_warmup), r.mesh,
                       r.batch_size)  # fmt: skip
+        method = pooled_method(self.algorithm, self._extra, self._low_rank)
+        program = sharded_program(method, self.logdensity_fn, self.options, shape, _POOLED_SALT)
+        chunks = run_chunks(program, r.rng_key, r.state, r.num_chains, r.mesh, chunk)
 
-        def build() -> Callable:
-            method = pooled_method(self.algorithm, self._extra, self._low_rank)
-            return sharded_program(method, self.logdensity_fn, self.options, shape, _POOLED_SALT)
+        def finish(carry: Any) -> CrossChainWarmup:
+            new_state, params = chunks.last(carry)
+            attrs = {"adaptation": self.adaptation, "adaptation_pooled": 1,
+                     "adapted_step_size": float(params["step_size"])}  # fmt: skip
+            kernel = self.sampling_kernel(params)
+            return CrossChainWarmup(_mesh.place(new_state, r.mesh), kernel, attrs=attrs)
 
-        new_state, params, draws, stats = run_program(
-            build(), r.rng_key, r.state, r.num_chains, r.mesh
-        )
-        attrs = {"adaptation": self.adaptation, "adaptation_pooled": 1,
-                 "adapted_step_size": float(params["step_size"])}  # fmt: skip
-        return CrossChainWarmup(
-            _mesh.place(new_state, r.mesh), self.sampling_kernel(params), draws, stats, attrs
-        )
+        return WarmupChunks(chunk, chunks.start, chunks.step, finish, chunks.fingerprint)

@@ -22,6 +22,7 @@ chains in one ``vmap`` instead (``_all_rows``): bitwise blackjax's own ``run``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -36,6 +37,22 @@ from ...layout import _collective, _distributed, _mesh
 from ...programs._compile import compiled
 
 Rows = Callable[[Callable, Any], Any]
+
+
+class Steps(NamedTuple):
+    """A cross-chain warmup as its steps: what a ``method`` returns.
+
+    ``carry``: the state before the first step (the chains' states first);
+    ``step(carry, step_key) -> (carry, Record)``: one warmup step; ``keys``: every
+    step's key, in order; ``params(carry)``: the adapted parameters for sampling.
+    A chunk of steps ``first .. first + count - 1`` runs ``step`` over those keys:
+    chunks in a row give the same carry as the whole warmup in one loop.
+    """
+
+    carry: Any
+    step: Callable
+    keys: Any
+    params: Callable
 
 
 class Record(NamedTuple):
@@ -79,10 +96,8 @@ def _record(states, info, step_size) -> Record:
 
 
 def chees(logdensity_fn: Callable, o: dict, n: int, num_warmup: int, key, positions, rows: Rows):
-    """blackjax 1.7.1's ChEES run (identity mass matrix), kernel steps through ``rows``.
-
-    Returns ``(last states, params, records)``, ``records`` stacked over the steps.
-    """
+    """blackjax 1.7.1's ChEES run (identity mass matrix), kernel steps through ``rows``,
+    as ``Steps``."""
     import blackjax.mcmc.dynamic_hmc as dynamic_hmc
     import optax
     from blackjax.adaptation.chees_adaptation import base
@@ -128,16 +143,18 @@ def chees(logdensity_fn: Callable, o: dict, n: int, num_warmup: int, key, positi
         )
         return (new, new_a), _record(new, info, new_a.step_size)
 
+    def params(carry):
+        a = carry[1]
+        return {
+            "step_size": jnp.exp(a.log_step_size_moving_average),
+            "num_leapfrog_steps": jnp.exp(
+                a.log_trajectory_length_moving_average - a.log_step_size_moving_average
+            ),
+        }
+
     states = rows(lambda p: dynamic_hmc.init(p, logdensity_fn, 0), positions)
     carry = (states, init(0, o["step_size"]))
-    (last, a), records = jax.lax.scan(one_step, carry, jax.random.split(key, num_warmup))
-    params = {
-        "step_size": jnp.exp(a.log_step_size_moving_average),
-        "num_leapfrog_steps": jnp.exp(
-            a.log_trajectory_length_moving_average - a.log_step_size_moving_average
-        ),
-    }
-    return last, params, records
+    return Steps(carry, one_step, jax.random.split(key, num_warmup), params)
 
 
 class _FoldParams(NamedTuple):
@@ -216,11 +233,8 @@ def _meads_after(new_states, states, t, shuffle_key, num_folds: int):
 
 
 def meads(logdensity_fn: Callable, o: dict, n: int, num_warmup: int, key, positions, rows: Rows):
-    """blackjax 1.7.1's MEADS run (diagonal metric), kernel steps through ``rows``.
-
-    ``o["num_folds"]`` is the resolved fold count. Returns ``(last states, params,
-    records)``, ``records`` stacked over the steps.
-    """
+    """blackjax 1.7.1's MEADS run (diagonal metric), kernel steps through ``rows``, as
+    ``Steps``; ``o["num_folds"]`` is the resolved fold count."""
     import blackjax.mcmc.ghmc as ghmc
     from blackjax.adaptation.meads_adaptation import base
 
@@ -246,14 +260,17 @@ def meads(logdensity_fn: Callable, o: dict, n: int, num_warmup: int, key, positi
     states = rows(lambda a: ghmc.init(a[0], logdensity_fn, a[1]), (positions, chain_keys))
     adapt_init, _ = base(num_folds, o["step_size_multiplier"], o["damping_slowdown"])
     carry = (states, adapt_init(positions, states.logdensity_grad))
-    (last, a), records = jax.lax.scan(one_step, carry, jax.random.split(key_adapt, num_warmup))
-    params = {
-        "step_size": a.step_size.mean(),
-        "momentum_inverse_scale": jax.tree.map(lambda s: s.mean(axis=0), a.position_sigma),
-        "alpha": a.alpha.mean(),
-        "delta": a.delta.mean(),
-    }
-    return last, params, records
+
+    def params(carry):
+        a = carry[1]
+        return {
+            "step_size": a.step_size.mean(),
+            "momentum_inverse_scale": jax.tree.map(lambda s: s.mean(axis=0), a.position_sigma),
+            "alpha": a.alpha.mean(),
+            "delta": a.delta.mean(),
+        }
+
+    return Steps(carry, one_step, jax.random.split(key_adapt, num_warmup), params)
 
 
 METHODS = {"chees": chees, "meads": meads}
@@ -301,13 +318,30 @@ def _chain_block(tree: Any, n: int, padded: int, per: int) -> Any:
     return _collective.mine(_mesh.pad(tree, n, padded), per)
 
 
-def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: int) -> Callable:
-    """``jit(shard_map(...))`` of the sharded warmup: ``(key, state) -> outputs``.
+class Program(NamedTuple):
+    """A sharded warmup's programs: ``chunk(length)``, the ``jit(shard_map(...))`` of
+    ``length`` steps, ``(carry, key, state, first) -> outputs``; ``carry_like(key,
+    state)``, the shapes and dtypes of its carry and of the adapted parameters (one
+    device's copy)."""
 
-    ``key`` and ``state`` (the padded chain states) come in replicated. Every output
-    is split over ``'chain'`` (``_mesh.shard_chains``): the last states and, with
-    ``keep``, the warmup draws and stats as padded chain-sharded arrays; the adapted
-    parameters with a leading device axis (every device's copy, all equal).
+    chunk: Callable[[int], Callable]
+    carry_like: Callable
+
+
+def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: int) -> Program:
+    """The sharded warmup's ``Program``: steps ``first .. first + length - 1`` per call.
+
+    ``key`` and ``state`` (the padded chain states) come in replicated, ``first`` as a
+    scalar; ``carry`` with a leading device axis, every device's copy of the same bits
+    (at ``first=0`` its values are unused: the warmup starts from ``state``). Every output
+    is split over ``'chain'`` (``_mesh.shard_chains``): the carry after the chunk and the
+    adapted parameters with a leading device axis; the chains' states and, with
+    ``keep``, the chunk's draws and stats as padded chain-sharded arrays.
+
+    The steps run as a ``lax.scan`` of ``length`` (a loop whose trip count is a
+    run-time argument rounds otherwise on jax 0.10: ChEES's draws parted from the
+    second step), so a warmup whose length is not a whole number of chunks compiles a
+    second program for its last chunk.
     """
     devices = s.mesh.shape[_mesh.AXIS]
     per = s.padded // devices
@@ -315,33 +349,94 @@ def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: 
 
     rows = _all_rows if s.replicated else _rows(devices, s.batch_size, n)
 
-    def body(rng_key, state):
+    def steps_of(rng_key, state, rows):
         real = jax.tree.map(lambda x: x[:n], state)  # the padding chains never enter
         key = jax.random.fold_in(rng_key, salt)
-        last, params, records = method(logdensity_fn, o, n, s.num_warmup, key, real.position, rows)
-        last = jax.tree.map(lambda new, old: new.astype(old.dtype), last, real)
-        params = jax.tree.map(lambda x: jnp.asarray(x)[None], params)
-        out = _chain_block(last, n, s.padded, per)
+        return real, method(logdensity_fn, o, n, s.num_warmup, key, real.position, rows)
+
+    def carry_like(rng_key, state):  # (the same shapes whatever the rows' layout)
+        def start(k, x):
+            steps = steps_of(k, x, _all_rows)[1]
+            return steps.carry, steps.params(steps.carry)
+
+        return jax.eval_shape(start, rng_key, state)
+
+    def body(length, carry, rng_key, state, first):
+        real, steps = steps_of(rng_key, state, rows)
+        carry = jax.tree.map(  # the start is computed on every chunk, used on the first
+            lambda fresh, c: jnp.where(first == 0, fresh, c[0]), steps.carry, carry
+        )
+        keys = jax.lax.dynamic_slice_in_dim(steps.keys, first, length)
+        carry, records = jax.lax.scan(steps.step, carry, keys)
+        last = jax.tree.map(lambda new, old: new.astype(old.dtype), carry[0], real)
+        params = jax.tree.map(lambda x: jnp.asarray(x)[None], steps.params(carry))
+        out = (jax.tree.map(lambda x: x[None], carry), params, _chain_block(last, n, s.padded, per))
         if not s.keep:
-            return out, params, None, None
+            return *out, None, None
         draws = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), records.position)
-        return out, params, *_chain_block((draws, _stats(records, n)), n, s.padded, per)
+        return *out, *_chain_block((draws, _stats(records, n)), n, s.padded, per)
 
-    return _mesh.shard_chains(body, s.mesh, 0, 2)
+    def chunk(length: int) -> Callable:
+        return _mesh.shard_chains(functools.partial(body, length), s.mesh, 1, 3)
+
+    return Program(chunk, carry_like)
 
 
-def run_program(program: Callable, rng_key: jax.Array, state: Any, num_chains: int,
-                mesh: Any) -> tuple:  # fmt: skip
-    """Runs a ``program``'s warmup: ``(new state, params, draws, stats)``, the parameters
-    once (every device returns the same copy), the draws and stats on the host, cut to the
-    ``num_chains`` real chains (``None`` unless kept)."""
-    key, state = _mesh.replicate(rng_key, mesh), _mesh.replicate(state, mesh)
-    new_state, params, draws, stats = compiled("warmup", program, (key, state))[0](key, state)
-    params = jax.tree.map(lambda x: x[0], _distributed.to_host(params))
-    if draws is not None:
-        kept = _distributed.to_host((draws, stats))
-        draws, stats = jax.tree.map(lambda x: x[:num_chains], kept)
-    return new_state, params, draws, stats
+class Chunks(NamedTuple):
+    """A sharded warmup as ``run`` drives it: ``WarmupChunks``' functions but ``finish``,
+    whose part here, ``last(carry) -> (new state, params)``, the adapter completes."""
+
+    start: Callable
+    step: Callable
+    last: Callable
+    fingerprint: Callable
+
+
+def run_chunks(program: Program, rng_key: jax.Array, state: Any, num_chains: int,
+               mesh: Any, chunk: int) -> Chunks:  # fmt: skip
+    """A ``program``'s warmup in chunks of ``chunk`` steps, each length's program compiled
+    once (on its first chunk, or by ``fingerprint``: the digest of the first's text).
+
+    The carry: ``((chain states, params), warmup carry)``, the states padded and split
+    over ``'chain'``, the rest with a leading device axis. ``last`` gives ``(new state,
+    params)``, the parameters once (every device returns the same copy); a chunk's draws
+    and stats come to the host, cut to the ``num_chains`` real chains (``None`` unless
+    kept).
+    """
+    key, replicated = _mesh.replicate(rng_key, mesh), _mesh.replicate(state, mesh)
+    devices = mesh.shape[_mesh.AXIS]
+    executables: dict[int, Any] = {}
+
+    def start() -> Any:
+        carry, params = program.carry_like(rng_key, state)
+        zeros = jax.tree.map(lambda x: jnp.zeros((devices, *x.shape), x.dtype), (params, carry))
+        params, carry = _mesh.place(zeros, mesh)
+        return (state, params), carry
+
+    def executable(count: int, args: tuple) -> Any:
+        if count not in executables:
+            executables[count] = compiled("warmup", program.chunk(count), args)[0]
+        return executables[count]
+
+    def arguments(carry: Any, first: int) -> tuple:
+        return (carry[1], key, replicated, _mesh.replicate(jnp.int32(first), mesh))
+
+    def step(carry: Any, first: int, count: int) -> tuple:
+        args = arguments(carry, first)
+        c, params, new_state, draws, stats = executable(count, args)(*args)
+        if draws is not None:
+            kept = _distributed.to_host((draws, stats))
+            draws, stats = jax.tree.map(lambda x: x[:num_chains], kept)
+        return ((new_state, params), c), draws, stats
+
+    def last(carry: Any) -> tuple:
+        (new_state, params), _ = carry
+        return new_state, jax.tree.map(lambda x: x[0], _distributed.to_host(params))
+
+    def fingerprint() -> str:
+        return executable(chunk, arguments(start(), 0)).digest
+
+    return Chunks(start, step, last, fingerprint)
 
 
 def _stats(records: Record, n: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from ...core._kernel import (
     Adapter,
     CrossChainWarmup,
     Kernel,
+    WarmupChunks,
     WarmupRequest,
     default_extract,
     default_logdensity,
@@ -255,8 +256,9 @@ class TunedAdaptation(Adapter):
         """The one kernel: fresh chains start ``Pending``, tuned ones sample on."""
         return self._kernel
 
-    def cross_chain_warmup(self, request: WarmupRequest) -> CrossChainWarmup:
-        """Tunes every chain (padding ones too, discarded later); called by ``run``."""
+    def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
+        """Tunes every chain (padding ones too, discarded later), as one step of ``run``'s
+        warmup: blackjax's tuners run their steps in one call."""
         r = request
         if r.keep_warmup and not self.family.keeps_warmup:
             raise ValueError(
@@ -264,6 +266,10 @@ class TunedAdaptation(Adapter):
                 "warmup draws (blackjax's tuner gives only its final state); pass "
                 "keep_warmup=False."
             )
+        return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r))
+
+    def _tune(self, r: WarmupRequest) -> CrossChainWarmup:
+        """The tuning program, compiled and run: the tuned states (and warmup draws)."""
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         b, _ = _mesh.auto_batch_size(r.batch_size, r.mesh, r.num_chains)
         shape = (r.mesh, b, r.num_warmup, bool(r.keep_warmup))

@@ -1,0 +1,226 @@
+"""The cross-chain warmups (ChEES, MEADS, pooled Fisher) run chunk by chunk (issue 58):
+the same draws and parameters as in one chunk, bit for bit; the bar moves after every
+chunk; Ctrl-C keeps the warmup done so far (states, parameters, kept draws)."""
+
+import warnings
+
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from interrupting import InterruptingBar
+
+import chainrunner as cr
+from chainrunner.pipeline import _run
+
+SD = jnp.array([1.0, 3.0, 0.3])
+START = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0  # dispersed (MEADS: 2 folds)
+KW = {"progress": False, "warn": False}
+
+
+def logdensity(x):
+    return -0.5 * jnp.sum((x / SD) ** 2)
+
+
+def kernel(adaptation):
+    if adaptation == "pooled":
+        return cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="fisher",
+                                pooled=True)  # fmt: skip
+    factory = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc}[adaptation]
+    return cr.from_blackjax(factory, logdensity_fn=logdensity, adaptation=adaptation)
+
+
+def run(adaptation, **kw):
+    options = {"num_warmup": 30, "keep_warmup": True, "mesh": cr.chain_mesh(2), **KW, **kw}
+    return cr.run(kernel(adaptation), jax.random.key(1), START, 10, **options)
+
+
+def assert_same(a, b):
+    np.testing.assert_array_equal(a.draws, b.draws)
+    np.testing.assert_array_equal(a.warmup_draws, b.warmup_draws)
+    assert set(a.warmup_stats) == set(b.warmup_stats)
+    for name in a.warmup_stats:
+        np.testing.assert_array_equal(a.warmup_stats[name], b.warmup_stats[name])
+    for name, value in cr.adapted_parameters(a).items():
+        np.testing.assert_array_equal(value, cr.adapted_parameters(b)[name])
+
+
+ADAPTATIONS = ["chees", "meads", "pooled"]
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATIONS)
+def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
+    whole = run(adaptation, chunk_size=30)
+    assert whole.warmup_draws.shape == (8, 30, 3)
+    assert_same(run(adaptation, chunk_size=7), whole)  # 4 chunks of 7, then one of 2
+    # thinned: draw i is the state after step 2 (i + 1), whatever the chunks
+    thinned = run(adaptation, chunk_size=5, thinning=2)
+    np.testing.assert_array_equal(thinned.warmup_draws, whole.warmup_draws[:, 1::2])
+
+
+class Recorder:
+    """A tqdm stand-in that records its description at every update."""
+
+    def __init__(self, progress, total, desc):
+        self.total, self.n, self.leave, self.desc = total, 0, True, desc
+        self.updates = []
+
+    def set_description(self, desc, refresh=True):
+        self.desc = desc
+
+    def update(self, n=1):
+        self.n += n
+        self.updates.append((self.desc, n))
+
+    def reset(self, total=None):
+        self.total, self.n = total, 0
+
+    def set_postfix(self, *a, **k):
+        pass
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATIONS)
+def test_the_bar_moves_after_every_warmup_chunk(adaptation, monkeypatch):
+    bars = []
+    monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
+    run(adaptation, chunk_size=12)
+    warmup = [n for desc, n in bars[0].updates if desc == "warmup (across chains)"]
+    assert warmup == [12, 12, 6]
+    assert bars[0].n == bars[0].total == 40
+
+
+def test_a_tuner_is_one_step_on_the_bar(monkeypatch):
+    bars = []
+    monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
+    tuned = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window_low_rank")
+    cr.run(tuned, jax.random.key(1), START, 10, num_warmup=30, chunk_size=12, **KW)
+    assert [n for desc, n in bars[0].updates if desc == "warmup (across chains)"] == [30]
+
+
+def interrupted(adaptation, at, monkeypatch, **kw):
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=at))
+    with pytest.warns(cr.ChainrunnerWarning, match="interrupted in the cross-chain warmup"):
+        trace = run(adaptation, **kw)
+    monkeypatch.undo()
+    return trace
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATIONS)
+def test_ctrl_c_in_the_warmup_keeps_the_warmup_done(adaptation, monkeypatch):
+    whole = run(adaptation, chunk_size=10)
+    part = interrupted(adaptation, 2, monkeypatch, chunk_size=10)  # after the second chunk
+    assert part.attrs["interrupted"] is True and part.attrs["warmup_steps_done"] == 20
+    assert part.draws.shape == (8, 0, 3) and part.num_steps == 20
+    np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :20])
+    params = cr.adapted_parameters(part)
+    assert set(params) == set(cr.adapted_parameters(whole))
+    assert all(np.all(np.isfinite(v)) for v in params.values())
+    # sampling on from it: the parameters adapted so far, the steps numbered on
+    more = cr.run(kernel(adaptation), jax.random.key(1), part, 10, **KW)
+    assert more.draws.shape == (8, 10, 3) and more.num_steps == 30
+    assert np.all(np.isfinite(more.draws))
+
+
+def test_ctrl_c_in_the_first_warmup_chunk_stops_the_run(monkeypatch):
+    from chainrunner.adapters._blackjax import _warmup_sharded
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_warmup_sharded, "compiled", ctrl_c)  # while the first chunk compiles
+    with pytest.raises(KeyboardInterrupt), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no notice: nothing was adapted, nothing returned
+        run("chees", chunk_size=10)
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATIONS)
+def test_ctrl_c_in_the_warmup_then_the_same_call_resumes_it_bit_for_bit(
+    adaptation, monkeypatch, tmp_path
+):
+    whole = run(adaptation, chunk_size=10)
+    part = interrupted(adaptation, 2, monkeypatch, chunk_size=10, checkpoint=tmp_path)
+    assert part.attrs["warmup_steps_done"] == 20
+    resumed = run(adaptation, chunk_size=10, checkpoint=tmp_path)
+    assert resumed.attrs["warmup_resumed_from_step"] == 20
+    assert_same(resumed, whole)
+    again = run(adaptation, chunk_size=10, checkpoint=tmp_path)  # all on disk: nothing runs
+    assert again.attrs["warmup_resumed_from_step"] == 30 and again.attrs["resumed_from_draw"] == 10
+    assert_same(again, whole)
+
+
+def test_a_warmup_checkpoint_of_another_model_is_refused(monkeypatch, tmp_path):
+    interrupted("chees", 2, monkeypatch, chunk_size=10, checkpoint=tmp_path)
+    other = cr.from_blackjax(blackjax.dynamic_hmc, adaptation="chees",
+                             logdensity_fn=lambda x: -0.5 * jnp.sum(x**2))  # fmt: skip
+    with pytest.raises(ValueError, match=r"belongs to another run.*another model"):
+        cr.run(other, jax.random.key(1), START, 10, num_warmup=30, chunk_size=10,
+               keep_warmup=True, mesh=cr.chain_mesh(2), checkpoint=tmp_path, **KW)  # fmt: skip
+
+
+SCRIPT = """
+import sys
+import blackjax, jax, jax.numpy as jnp, numpy as np
+import chainrunner as cr
+
+def logdensity(x):
+    return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0, 0.3])) ** 2)
+
+mode, path, out = sys.argv[1:]
+kernel = cr.from_blackjax(blackjax.dynamic_hmc, logdensity_fn=logdensity, adaptation="chees")
+start = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0
+trace = cr.run(kernel, jax.random.key(1), start, 100, num_warmup=6000, keep_warmup=True,
+               chunk_size=100, mesh=cr.chain_mesh(2), progress=False, warn=False,
+               checkpoint=path if mode == "checkpoint" else None)
+np.savez(out, draws=trace.draws, warmup=trace.warmup_draws,
+         resumed=trace.attrs.get("warmup_resumed_from_step", -1))
+"""
+
+
+def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "warmup_run.py"
+    script.write_text(SCRIPT)
+    path = str(tmp_path / "ckpt")
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    def call(mode, out):
+        return subprocess.run([sys.executable, str(script), mode, path, str(out)],
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    proc = subprocess.Popen([sys.executable, str(script), "checkpoint", path, "never"], env=env)
+    manifest = os.path.join(path, "warmup_manifest.json")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(manifest) as f:
+                if f.read().count('"file"') >= 3:
+                    break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(path, "manifest.json"))  # killed in the warmup
+
+    resumed = call("checkpoint", tmp_path / "resumed.npz")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    plain = call("plain", tmp_path / "plain.npz")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    with np.load(tmp_path / "resumed.npz") as r, np.load(tmp_path / "plain.npz") as p:
+        assert r["warmup"].shape == (8, 6000, 3) and r["draws"].shape == (8, 100, 3)
+        np.testing.assert_array_equal(r["warmup"], p["warmup"])
+        np.testing.assert_array_equal(r["draws"], p["draws"])
+        assert 0 < int(r["resumed"]) < 6000  # it resumed mid-warmup
