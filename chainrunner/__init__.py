@@ -1,7 +1,6 @@
 """chainrunner: many MCMC chains across JAX devices, in one call."""
 
 from ._version import __version__ as __version__
-from .adapters import adapted_parameters as adapted_parameters
 from .adapters import from_blackjax as from_blackjax
 from .adapters import from_numpyro as from_numpyro
 from .adapters import from_pymc as from_pymc
@@ -17,6 +16,7 @@ from .output._diagnostics import ChainrunnerWarning as ChainrunnerWarning
 from .output._diagnostics import Diagnostics as Diagnostics
 from .output._diagnostics import diagnose as diagnose
 from .output._trace import Trace as Trace
+from .output._trace import adapted_parameters as adapted_parameters
 from .pipeline._run import run as run
 from .pipeline._run import sample as sample
 from .programs._cache import enable_compilation_cache as enable_compilation_cache

@@ -62,3 +62,11 @@ def test_mesh_without_chain_axis():
 def test_from_blackjax_rejects_other_objects():
     with pytest.raises(TypeError, match="from_blackjax: algorithm must be a blackjax"):
         cr.from_blackjax(lambda x: x)
+
+
+def test_adapted_parameters_of_a_kernel_that_adapts_nothing():
+    nuts = blackjax.nuts(lambda x: -0.5 * jnp.sum(x**2), 0.5, jnp.ones(2))
+    trace = cr.run(nuts, jax.random.key(0), jnp.zeros((2, 2)), 5, progress=False, warn=False)
+    assert trace.adapted_parameters is None
+    with pytest.raises(ValueError, match="no adapted parameters"):
+        cr.adapted_parameters(trace)

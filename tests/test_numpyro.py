@@ -137,14 +137,24 @@ def test_matches_numpyro_mcmc():
     )  # fmt: skip
     mcmc.run(jax.random.key(1), y)
     theirs = mcmc.get_samples(group_by_chain=True)
-    ours = cr.run(
+    trace = cr.run(
         cr.from_numpyro(_DATA_NUTS, model_args=(y,)), KEY, None, 500, num_warmup=300,
         num_chains=4, progress=False,
-    ).draws  # fmt: skip
+    )  # fmt: skip
+    ours = trace.draws
     for name in ("mu", "sigma"):
         a, b = np.asarray(ours[name], np.float64), np.asarray(theirs[name], np.float64)
         err = np.hypot(mcse(a), mcse(b))
         assert abs(a.mean() - b.mean()) < 5 * err, (name, a.mean(), b.mean(), err)
+    # numpyro's adaptation, each chain's, as numpyro's MCMC keeps it (adapt_state)
+    adapted, state = cr.adapted_parameters(trace), mcmc.last_state.adapt_state
+    assert adapted["step_size"].shape == (4,)
+    ratio = np.median(adapted["step_size"]) / np.median(np.asarray(state.step_size))
+    assert 0.5 < ratio < 2.0, (adapted["step_size"], state.step_size)
+    imm = {k: np.asarray(v) for k, v in state.inverse_mass_matrix.items()}
+    assert {k: v.shape for k, v in adapted["inverse_mass_matrix"].items()} == {
+        k: v.shape for k, v in imm.items()
+    }
 
 
 def test_draws_do_not_depend_on_the_device_count():

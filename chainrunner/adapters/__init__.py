@@ -17,9 +17,9 @@ import types
 from typing import Any
 
 from ..core._kernel import Adapter, FixedKernel, Kernel
-from ._blackjax import adapted_parameters, from_blackjax, is_sampling_algorithm
+from ._blackjax import from_blackjax, is_sampling_algorithm
 
-__all__ = ["adapted_parameters", "as_adapter", "from_blackjax", "from_numpyro", "from_pymc"]
+__all__ = ["as_adapter", "from_blackjax", "from_numpyro", "from_pymc"]
 
 
 def from_numpyro(

@@ -89,6 +89,10 @@ class ModelAdapter(Adapter):
     def needs_warmup(self) -> bool:  # type: ignore[override]
         return self.sampler.needs_warmup
 
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """The sampler's adapted parameters (in the sampler's space: unconstrained)."""
+        return self.sampler.adapted(state, params)
+
     def build_kernel(self, *, num_warmup: int, previous_params: Any = None) -> Kernel:
         """The sampler's kernel, starting from the model's starts, with its draws."""
         kernel = self.sampler.build_kernel(num_warmup=num_warmup, previous_params=previous_params)

@@ -40,6 +40,7 @@ from numpyro.infer.mcmc import MCMCKernel
 from ..core._kernel import Adapter, Kernel
 from ..core._lru import LRU
 from ..core._naming import numpyro_stats
+from ..layout import _distributed
 from ._numpyro_ensemble import build as ensemble_functions
 
 __all__ = [
@@ -426,6 +427,18 @@ class NumpyroKernel(Adapter):
             self._dims = {} if model is None else _plate_dims(model, self.model_args,
                                                                self.model_kwargs)  # fmt: skip
         return dict(self._dims)
+
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """numpyro's adapted ``step_size`` and ``inverse_mass_matrix`` of every chain (its
+        ``adapt_state``: NUTS, HMC, BarkerMH); ``None`` for kernels without one."""
+        adapt = getattr(state, "adapt_state", None)
+        if adapt is None or not hasattr(adapt, "step_size"):
+            return None
+        adapt = _distributed.to_host(adapt)
+        return {
+            "step_size": np.asarray(adapt.step_size),
+            "inverse_mass_matrix": jax.tree.map(np.asarray, adapt.inverse_mass_matrix),
+        }
 
     def attrs(self) -> dict[str, Any]:
         return {

@@ -335,6 +335,17 @@ class Adapter:
         in chunks that ``run`` drives."""
         raise NotImplementedError
 
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """The parameters the warmup adapted, ``{name: numpy array}`` (or a NamedTuple of
+        them), with a leading chain axis where each chain adapts its own; ``None`` (the
+        default): the kernel adapts nothing.
+
+        ``run`` asks once, after the run, with the final ``state`` (real chains, on the
+        mesh) and the kernel's ``params`` (on the host), and keeps the answer in
+        ``Trace.adapted_parameters``, the one place ``cr.adapted_parameters`` reads.
+        """
+        return None
+
     def groups(self, draws: Any, *, complete: bool) -> dict[str, dict[str, Any]]:
         """Further ArviZ groups for these draws (``observed_data``, ``log_likelihood``, ...).
 

@@ -111,7 +111,9 @@ def request_cpu_devices(n: int) -> None:
         raise RuntimeError(
             f"request_cpu_devices({n}): JAX's backends are already initialised with {have} "
             "CPU device(s). Call it right after `import jax`, before any array is created "
-            "(or set JAX_NUM_CPU_DEVICES in the environment)."
+            "and before importing libraries that create arrays when imported (blackjax "
+            "does: `import chainrunner as cr; cr.request_cpu_devices(n)`, then `import "
+            "blackjax`), or set JAX_NUM_CPU_DEVICES in the environment."
         ) from e
 
 

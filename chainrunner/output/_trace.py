@@ -34,6 +34,9 @@ class Trace:
             ``event_dims``, PyMC dims), the default ``dims`` of ``to_arviz``.
         coords: the model's own coordinates per dimension (PyMC coords), the default
             ``coords`` of ``to_arviz``.
+        adapted_parameters: the parameters the warmup adapted (``cr.adapted_parameters``),
+            ``{name: numpy array}``, a leading chain axis where each chain adapts its own;
+            ``None`` for a kernel that adapts nothing.
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -55,6 +58,7 @@ class Trace:
     kernel_params: Any = None
     dims: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
+    adapted_parameters: dict[str, Any] | None = None
 
     @functools.cached_property
     def diagnostics(self) -> Any:
@@ -195,3 +199,47 @@ def _listed(names: list[str], most: int = 8) -> str:
         return "none"
     more = len(names) - most
     return ", ".join(names[:most]) + (f", ... ({more} more)" if more > 0 else "")
+
+
+def adapted_parameters(trace: Trace) -> dict[str, Any]:
+    """The adapted parameters of a run with warmup: step size, inverse mass matrix, ...
+
+    Per chain, with a leading chain axis, where every chain adapts on its own: for
+    ``adaptation="window"`` and ``"fisher"`` ``step_size`` ``(chain,)`` and
+    ``inverse_mass_matrix`` ``(chain, d)`` (``(chain, d, d)`` for a dense matrix; for
+    ``"fisher_low_rank"`` blackjax's ``LowRankInverseMassMatrix`` of arrays); for
+    blackjax's per-chain adaptations (``"window_low_rank"``, ``"staged"``,
+    ``"pathfinder"``, ``"mclmc"``, ``"adjusted_mclmc"``, a built ``AdaptationAlgorithm``)
+    the parameters blackjax's adaptation returned (MCLMC adds ``L``); for numpyro's
+    ``NUTS`` and ``HMC`` their adapted ``step_size`` and ``inverse_mass_matrix``
+    (numpyro's dict by site names). Shared by all chains, no chain axis, for the
+    adaptations across chains: ``pooled=True`` (``"fisher"``, ``"fisher_low_rank"``),
+    ``"chees"`` and ``"meads"``. They are the trace's one field
+    ``trace.adapted_parameters``, which the front end filled after the run.
+
+    Args:
+        trace: a ``cr.Trace``.
+
+    Returns:
+        ``{name: numpy array (or a NamedTuple of them)}``.
+
+    Raises:
+        ValueError: for a trace of a kernel that adapts nothing.
+
+    Examples:
+        >>> import blackjax, jax, jax.numpy as jnp
+        >>> import chainrunner as cr
+        >>> nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
+        ...                         adaptation="window")
+        >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 3)), 10, num_warmup=30,
+        ...                progress=False)
+        >>> {k: v.shape for k, v in cr.adapted_parameters(trace).items()}
+        {'step_size': (4,), 'inverse_mass_matrix': (4, 3)}
+    """
+    if trace.adapted_parameters is None:
+        raise ValueError(
+            "adapted_parameters: this trace has no adapted parameters (run a kernel that "
+            "adapts: cr.from_blackjax(..., adaptation=...), numpyro's NUTS or HMC, "
+            "cr.from_pymc(...), with num_warmup > 0)."
+        )
+    return trace.adapted_parameters

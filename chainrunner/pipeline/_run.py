@@ -521,17 +521,19 @@ def _assemble(
         **(c.until.attrs(sampled.interrupted) if c.until is not None else {}),
         **adapter.attrs(),
     }
-    params = warm.kernel.params
+    params = None if warm.kernel.params is None else _distributed.to_host(warm.kernel.params)
+    final_state = _mesh.unpad(c.state, layout.num_chains, layout.padded, placed.mesh)
     return Trace(
         draws=draws,
         stats=stats,
-        final_state=_mesh.unpad(c.state, layout.num_chains, layout.padded, placed.mesh),
+        final_state=final_state,
         num_steps=sched.first_step + c.draws_done * plan.thinning,
         warmup_draws=w_draws,
         warmup_stats=w_stats,
         attrs=attrs,
         groups=adapter.groups(draws, complete=not sampled.interrupted),
-        kernel_params=None if params is None else _distributed.to_host(params),
+        kernel_params=params,
+        adapted_parameters=adapter.adapted(final_state, params),
         dims=adapter.dims(),
         coords=adapter.coords(),
     )

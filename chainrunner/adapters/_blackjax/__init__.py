@@ -14,19 +14,17 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from ...core._kernel import Adapter, Kernel
-from ...layout import _distributed
 from . import _adaptations, _nuts_fsm, _warmup_fisher, _warmup_tuned
 from ._adaptations import ADAPTATIONS
 from ._warmup_cross_chain import CrossChainAdaptation
 from ._warmup_pooled import PooledFisherAdaptation
-from ._warmup_tuned import Tuned, TunedAdaptation
-from ._warmup_window import WindowAdaptation, WindowState
+from ._warmup_tuned import TunedAdaptation
+from ._warmup_window import WindowAdaptation
 
-__all__ = ["ADAPTATIONS", "adapted_parameters", "from_blackjax", "is_sampling_algorithm"]
+__all__ = ["ADAPTATIONS", "from_blackjax", "is_sampling_algorithm"]
 
 
 def is_sampling_algorithm(obj: Any) -> bool:
@@ -398,59 +396,3 @@ def _named_run_family(name: str, algorithm: Any, logdensity_fn: Callable,
         return function(algorithm, logdensity_fn, adaptation_info_fn=info_fn, **opts)
 
     return _warmup_tuned.run_family(name, build, algorithm, logdensity_fn, static)
-
-
-def adapted_parameters(trace: Any) -> dict[str, Any]:
-    """The adapted parameters of a run with warmup: step size, inverse mass matrix, ...
-
-    Per chain, with a leading chain axis, where every chain adapts on its own: for
-    ``adaptation="window"`` and ``"fisher"`` ``step_size`` ``(chain,)`` and
-    ``inverse_mass_matrix`` ``(chain, d)`` (``(chain, d, d)`` for a dense matrix; for
-    ``"fisher_low_rank"`` blackjax's ``LowRankInverseMassMatrix`` of arrays), read from
-    ``trace.final_state``; for blackjax's per-chain adaptations (``"window_low_rank"``,
-    ``"staged"``, ``"pathfinder"``, ``"mclmc"``, ``"adjusted_mclmc"``, a built
-    ``AdaptationAlgorithm``) the parameters blackjax's adaptation returned (a low-rank
-    inverse mass matrix stays blackjax's ``LowRankInverseMassMatrix`` of arrays; MCLMC
-    adds ``L``). With ``pooled=True`` (``"fisher"``, ``"fisher_low_rank"``) they are
-    shared by all chains, no chain axis, read from ``trace.kernel_params``. For
-    ``"chees"``/``"meads"`` they are shared too and read from ``trace.attrs``
-    (``adapted_*`` entries).
-
-    Args:
-        trace: a ``cr.Trace``.
-
-    Returns:
-        ``{name: numpy array (or a NamedTuple of them)}``.
-
-    Examples:
-        >>> import blackjax, jax, jax.numpy as jnp
-        >>> import chainrunner as cr
-        >>> nuts = cr.from_blackjax(blackjax.nuts, logdensity_fn=lambda x: -0.5 * jnp.sum(x**2),
-        ...                         adaptation="window")
-        >>> trace = cr.run(nuts, jax.random.key(0), jnp.zeros((4, 3)), 10, num_warmup=30,
-        ...                progress=False)
-        >>> {k: v.shape for k, v in cr.adapted_parameters(trace).items()}
-        {'step_size': (4,), 'inverse_mass_matrix': (4, 3)}
-    """
-    state = trace.final_state
-    if isinstance(state, WindowState):
-        a = _distributed.to_host(state.adaptation)
-        return {
-            "step_size": np.asarray(a.step_size),
-            "inverse_mass_matrix": jax.tree.map(np.asarray, a.inverse_mass_matrix),
-        }
-    if isinstance(state, Tuned) and state.parameters:
-        return jax.tree.map(np.asarray, dict(_distributed.to_host(state.parameters)))
-    if trace.attrs.get("adaptation_pooled") and trace.kernel_params is not None:
-        return jax.tree.map(np.asarray, dict(trace.kernel_params))
-    found = {
-        k[len("adapted_") :]: np.asarray(v)
-        for k, v in trace.attrs.items()
-        if k.startswith("adapted_")
-    }
-    if not found:
-        raise ValueError(
-            "adapted_parameters: this trace has no adapted parameters (run a kernel from "
-            "cr.from_blackjax(..., adaptation=...) with num_warmup > 0)."
-        )
-    return found

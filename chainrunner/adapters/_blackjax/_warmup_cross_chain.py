@@ -165,6 +165,10 @@ class CrossChainAdaptation(Adapter):
     def __repr__(self) -> str:
         return f"CrossChainAdaptation({self.adaptation!r}, {self.options})"
 
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """The adapted parameters, shared by every chain: the sampling kernel's ``params``."""
+        return None if params is None else jax.tree.map(np.asarray, dict(params))
+
     def attrs(self) -> dict[str, Any]:
         return library_attrs("blackjax")
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ...core._kernel import (
@@ -214,6 +215,10 @@ class PooledFisherAdaptation(Adapter):
     def __repr__(self) -> str:
         name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
         return f"PooledFisherAdaptation({name}, {self.adaptation!r}, {self.options})"
+
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """The adapted parameters, shared by every chain: the sampling kernel's ``params``."""
+        return None if params is None else jax.tree.map(np.asarray, dict(params))
 
     def attrs(self) -> dict[str, Any]:
         return library_attrs("blackjax")

@@ -409,7 +409,8 @@ def run_chunks(program: Program, rng_key: jax.Array, state: Any, num_chains: int
 
     def start() -> Any:
         carry, params = program.carry_like(rng_key, state)
-        zeros = jax.tree.map(lambda x: jnp.zeros((devices, *x.shape), x.dtype), (params, carry))
+        # numpy zeros, placed: no program compiled for them (jnp.zeros compiles one per shape)
+        zeros = jax.tree.map(lambda x: np.zeros((devices, *x.shape), x.dtype), (params, carry))
         params, carry = _mesh.place(zeros, mesh)
         return (state, params), carry
 

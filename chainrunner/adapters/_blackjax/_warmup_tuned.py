@@ -249,6 +249,12 @@ class TunedAdaptation(Adapter):
     def __repr__(self) -> str:
         return f"TunedAdaptation({self.family.name!r})"
 
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """Every chain's parameters, as blackjax's adaptation returned them (``Tuned``)."""
+        if not isinstance(state, Tuned) or not state.parameters:
+            return None
+        return jax.tree.map(np.asarray, dict(_distributed.to_host(state.parameters)))
+
     def attrs(self) -> dict[str, Any]:
         return library_attrs("blackjax")
 

@@ -19,6 +19,7 @@ from jax.flatten_util import ravel_pytree
 
 from ...core._kernel import Adapter, Kernel, default_extract, default_logdensity, library_attrs
 from ...core._lru import LRU
+from ...layout import _distributed
 from ._nuts_fsm import Adaptive, chunk_machine, nuts_spec
 
 
@@ -254,7 +255,8 @@ class WindowAdaptation(Adapter):
     inverse mass matrix of every chain on its own during its first ``n`` steps (the
     same steps, keys and programs as sampling); later steps use the adapted values.
     Stats gain ``step_size`` (the value each step used); ``cr.adapted_parameters(trace)``
-    reads the adapted step size and inverse mass matrix from ``trace.final_state``.
+    returns the adapted step size and inverse mass matrix (``adapted``: from each chain's
+    ``WindowState``).
 
     Attributes:
         algorithm: the blackjax factory, ``algorithm(logdensity_fn, step_size,
@@ -294,6 +296,16 @@ class WindowAdaptation(Adapter):
     def __repr__(self) -> str:
         name = getattr(self.algorithm, "__name__", type(self.algorithm).__name__)
         return f"WindowAdaptation({name}, {self.name!r}, {self.options})"
+
+    def adapted(self, state: Any, params: Any) -> dict[str, Any] | None:
+        """Every chain's step size and inverse mass matrix, from its ``WindowState``."""
+        if not isinstance(state, WindowState):
+            return None
+        a = _distributed.to_host(state.adaptation)
+        return {
+            "step_size": np.asarray(a.step_size),
+            "inverse_mass_matrix": jax.tree.map(np.asarray, a.inverse_mass_matrix),
+        }
 
     def attrs(self) -> dict[str, Any]:
         return library_attrs("blackjax")
