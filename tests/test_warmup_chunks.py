@@ -224,3 +224,23 @@ def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(r["warmup"], p["warmup"])
         np.testing.assert_array_equal(r["draws"], p["draws"])
         assert 0 < int(r["resumed"]) < 6000  # it resumed mid-warmup
+
+
+def test_the_default_warmup_chunk_divides_the_warmup():
+    from types import SimpleNamespace
+
+    from chainrunner.pipeline._loop import warmup_chunk
+
+    def chunk(num_warmup, thinning=1, progress=None, chunk_size=None, checkpoint=None):
+        plan = SimpleNamespace(num_warmup=num_warmup, thinning=thinning, progress=progress,
+                               chunk_size=chunk_size, checkpoint=checkpoint, monitor=False,
+                               until=None, warmup_until=None)  # fmt: skip
+        return warmup_chunk(plan)
+
+    # under a bar: an eighth of the warmup, at least 250 draws, and one that divides it
+    assert [chunk(n) for n in (300, 700, 1000, 1500, 6000)] == [150, 175, 250, 250, 1000]
+    assert chunk(997) == 250  # none divides a prime length: a last chunk of its own
+    assert chunk(1000, progress=False) == 1000  # no bar: one chunk
+    assert chunk(600, thinning=2) == 300  # steps: 150 draws of 2
+    assert chunk(300, checkpoint="folder") == 150  # boundaries every 250 draws at most
+    assert chunk(300, chunk_size=250) == 250  # as given

@@ -111,12 +111,20 @@ def _longer_chunk(plan: Any, total: int, grid: int) -> int:
 def warmup_chunk(plan: Any) -> int:
     """Steps per chunk of a cross-chain warmup: ``schedule``'s rule for its draws
     (``chunk_size``, else 250 where something needs the boundaries, else the first of
-    250, 500, 1000 and 2000 that holds the warmup or an eighth of it), times ``thinning``."""
+    250, 500, 1000 and 2000 that holds the warmup or an eighth of it), times ``thinning``.
+
+    Without a ``chunk_size``, the longest chunk of at most that many draws, and at least
+    half of it, that divides the warmup: every chunk is then one program (a 300-step
+    warmup runs as 2 x 150, not 250 + 50, which would compile a second program).
+    """
     total = plan.num_warmup // plan.thinning
     grid = min(total, plan.chunk_size or DEFAULT_CHUNK_SIZE)
     if plan.chunk_size is None and total > grid and not needs_boundaries(plan):
         grid = _longer_chunk(plan, total, grid)
-    return min(grid, total) * plan.thinning
+    chunk = min(grid, total)
+    if plan.chunk_size is None:
+        chunk = next((c for c in range(chunk, (chunk - 1) // 2, -1) if total % c == 0), chunk)
+    return chunk * plan.thinning
 
 
 def needs_boundaries(plan: Any) -> bool:

@@ -341,7 +341,8 @@ def program(method: Callable, logdensity_fn: Callable, o: dict, s: Shape, salt: 
     The steps run as a ``lax.scan`` of ``length`` (a loop whose trip count is a
     run-time argument rounds otherwise on jax 0.10: ChEES's draws parted from the
     second step), so a warmup whose length is not a whole number of chunks compiles a
-    second program for its last chunk.
+    second program for its last chunk (``_loop.warmup_chunk`` picks a chunk that divides
+    the warmup where one does).
     """
     devices = s.mesh.shape[_mesh.AXIS]
     per = s.padded // devices
