@@ -3,18 +3,16 @@
 import functools
 import io
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from interrupting import InterruptingBar
+from interrupting import InterruptingBar, kill_when_written
 
 import chainrunner as cr
 from chainrunner.output._diagnostics import ChainrunnerWarning
@@ -136,22 +134,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
             env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
 
-    proc = subprocess.Popen(
-        [sys.executable, str(script), "checkpoint", path, str(tmp_path / "never.npz")], env=env
-    )
-    manifest = os.path.join(path, "manifest.json")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with open(manifest) as f:
-                if f.read().count('"file"') >= 5:
-                    break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    cmd = [sys.executable, str(script), "checkpoint", path, str(tmp_path / "never.npz")]
+    kill_when_written(cmd, os.path.join(path, "manifest.json"), 5, env)
     assert not os.path.exists(tmp_path / "never.npz")
 
     resumed = call("checkpoint", tmp_path / "resumed.npz")

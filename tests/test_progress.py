@@ -6,6 +6,7 @@ import blackjax
 import jax
 import jax.numpy as jnp
 import pytest
+from interrupting import Recorder
 
 import chainrunner as cr
 from chainrunner.pipeline import _run
@@ -13,32 +14,6 @@ from chainrunner.pipeline import _run
 
 def logdensity(x):
     return -0.5 * jnp.sum(x**2)
-
-
-class Recorder:
-    """A tqdm stand-in that records what the run shows, in order."""
-
-    def __init__(self, progress, total, desc):
-        self.total, self.n, self.leave = total, 0, True
-        self.shown = [(desc, 0)]
-
-    def set_description(self, desc, refresh=True):
-        self.shown.append((desc, self.n))
-
-    def update(self, n=1):
-        self.n += n
-
-    def reset(self, total=None):
-        self.total, self.n = total, 0
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def refresh(self):
-        pass
-
-    def close(self):
-        self.closed = True
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from interrupting import InterruptingBar
+from interrupting import InterruptingBar, Recorder, kill_when_written
 
 import chainrunner as cr
 from chainrunner.pipeline import _run
@@ -57,33 +57,6 @@ def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
     # thinned: draw i is the state after step 2 (i + 1), whatever the chunks
     thinned = run(adaptation, chunk_size=5, thinning=2)
     np.testing.assert_array_equal(thinned.warmup_draws, whole.warmup_draws[:, 1::2])
-
-
-class Recorder:
-    """A tqdm stand-in that records its description at every update."""
-
-    def __init__(self, progress, total, desc):
-        self.total, self.n, self.leave, self.desc = total, 0, True, desc
-        self.updates = []
-
-    def set_description(self, desc, refresh=True):
-        self.desc = desc
-
-    def update(self, n=1):
-        self.n += n
-        self.updates.append((self.desc, n))
-
-    def reset(self, total=None):
-        self.total, self.n = total, 0
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def refresh(self):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
@@ -185,10 +158,8 @@ np.savez(out, draws=trace.draws, warmup=trace.warmup_draws,
 
 def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(tmp_path):
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "warmup_run.py"
     script.write_text(SCRIPT)
@@ -199,20 +170,8 @@ def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(tmp_path):
         return subprocess.run([sys.executable, str(script), mode, path, str(out)],
                               env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
 
-    proc = subprocess.Popen([sys.executable, str(script), "checkpoint", path, "never"], env=env)
-    manifest = os.path.join(path, "warmup_manifest.json")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with open(manifest) as f:
-                if f.read().count('"file"') >= 3:
-                    break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    cmd = [sys.executable, str(script), "checkpoint", path, "never"]
+    kill_when_written(cmd, os.path.join(path, "warmup_manifest.json"), 3, env)
     assert not os.path.exists(os.path.join(path, "manifest.json"))  # killed in the warmup
 
     resumed = call("checkpoint", tmp_path / "resumed.npz")

@@ -55,7 +55,7 @@ from ..stopping._until import Converged, Forgotten, Until, superchain_ids
 from . import _diagnose, _forget, _loop, _plan, _start
 from ._host import Collector, Ticker, progress_bar
 from ._init import Initialised, initialise
-from ._warmup import Warm, empty_draws, stopped_in_warmup, warm_up
+from ._warmup import Warm, empty_draws, warm_up
 
 
 class Run(NamedTuple):
@@ -333,8 +333,9 @@ def _stopped_in_warmup(
     ctx: Run, sched: _loop.Schedule, warm: Warm, bar: Any
 ) -> tuple[_loop.Schedule, Sampled, float]:
     """A run stopped by Ctrl-C in its cross-chain warmup: no draw sampled, the chains'
-    state and the parameters after the warmup steps done (``Warm.stopped_after``)."""
-    sched = stopped_in_warmup(ctx, sched, warm)
+    state and the parameters after the warmup steps done (``Warm.stopped_after``), the
+    last of them the trace's last step."""
+    sched = sched._replace(first_step=ctx.start.first_step + warm.stopped_after)
     collector = Collector(ctx.plan, sched, ctx.placed, empty_draws(ctx, warm), bar, None)
     collector.state = warm.state
     return sched, Sampled(collector, None, [], 0.0, True), 0.0

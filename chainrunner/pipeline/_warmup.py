@@ -180,12 +180,6 @@ def _flush(ckpt: Any) -> None:
         raise
 
 
-def stopped_in_warmup(ctx: Any, sched: _loop.Schedule, warm: Warm) -> _loop.Schedule:
-    """The schedule of a run stopped by Ctrl-C in its cross-chain warmup: no draw sampled,
-    its last step the last warmup step done (``Warm.stopped_after``)."""
-    return sched._replace(first_step=ctx.start.first_step + warm.stopped_after)
-
-
 def empty_draws(ctx: Any, warm: Warm) -> Any:
     """Shape structs ``(0, 0, ...)`` of the run's draws and stats (no draw sampled)."""
     plan, _, start, _ = ctx

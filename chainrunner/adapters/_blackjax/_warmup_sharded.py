@@ -408,7 +408,8 @@ def run_chunks(program: Program, rng_key: jax.Array, state: Any, num_chains: int
     devices = mesh.shape[_mesh.AXIS]
     executables: dict[int, Any] = {}
 
-    def start() -> Any:
+    @functools.cache
+    def start() -> Any:  # (asked again by a checkpoint: traced once)
         carry, params = program.carry_like(rng_key, state)
         # numpy zeros, placed: no program compiled for them (jnp.zeros compiles one per shape)
         zeros = jax.tree.map(lambda x: np.zeros((devices, *x.shape), x.dtype), (params, carry))
