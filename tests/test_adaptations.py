@@ -83,6 +83,33 @@ def test_matches_blackjax_own_run_per_chain(devices):
         )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "options, num_steps",  # blackjax's num_steps whose phases are about 300 steps
+    [({}, 1000), ({"diagonal_preconditioning": False, "frac_tune3": 0.2}, 750)],
+)
+def test_mclmc_matches_blackjax_own_tuner_per_chain(options, num_steps):
+    """The tuner runs as steps in chunks (``_warmup_mclmc``); each chain's parameters are
+    ``mclmc_find_L_and_step_size``'s own, with the documented keys."""
+    from blackjax.mcmc import mclmc
+
+    got = cr.adapted_parameters(_run("mclmc", blackjax.mclmc, options, 2, n=5, chunk_size=70))
+    kernel = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan)
+
+    @jax.jit
+    def own(key, position):
+        init_key, tune_key = jax.random.split(key)
+        state = mclmc.init(position, logdensity, init_key)
+        return blackjax.mclmc_find_L_and_step_size(
+            kernel, num_steps, state, tune_key, logdensity_fn=logdensity, **options
+        )[1]
+
+    for chain in (0, 4):
+        key = jax.random.fold_in(chain_key_pair(jax.random.key(1), jnp.uint32(chain))[0], 0)
+        expected = own(key, X0[chain])
+        for name in ("L", "step_size", "inverse_mass_matrix"):
+            np.testing.assert_allclose(got[name][chain], getattr(expected, name), rtol=1e-3)
+
+
 def test_staged_matches_blackjax_and_is_reproducible():
     one = _run("staged", blackjax.nuts, {"metric": "fisher_diag"}, 1, n=50)
     again = _run("staged", blackjax.nuts, {"metric": "fisher_diag"}, 1, n=50)

@@ -211,6 +211,9 @@ class WarmupChunks(NamedTuple):
             mesh's ``'chain'`` axis splits) and resumes a warmup of the same fingerprint
             from it, bit for bit; its kept draws have the structure of the sampling
             kernel's.
+        length: ``None`` (the warmup's steps are ``num_warmup``), or how many steps the
+            warmup runs where that differs (blackjax's MCLMC tuners round their phases'
+            lengths); the bar then moves by ``num_warmup / length`` per step.
 
     Examples:
         >>> import chainrunner as cr
@@ -230,6 +233,7 @@ class WarmupChunks(NamedTuple):
     step: Callable[[Any, int, int], tuple[Any, Any, Any]]
     finish: Callable[[Any], CrossChainWarmup]
     fingerprint: Callable[[], str] | None = None
+    length: int | None = None
 
     @classmethod
     def whole(cls, num_warmup: int, warmup: Callable[[], CrossChainWarmup]) -> WarmupChunks:

@@ -60,38 +60,48 @@ def warm_up(ctx: Any, state: Any, bar: Any) -> Warm:
         plan.batch_size, _loop.warmup_chunk(plan),
     )  # fmt: skip
     warmup = adapter.cross_chain_warmup(request)
+    total = warmup.length or plan.num_warmup
     ckpt = _open(ctx, warmup)
     carry, kept, done = _restore(ctx, ckpt, warmup)
-    resumed = done
-    if done:
-        bar.update(done)
+    resumed = moved = _moved(done, total, plan.num_warmup)
+    if moved:
+        bar.update(moved)
     try:
-        for first in range(done, plan.num_warmup, warmup.chunk):
-            count = min(warmup.chunk, plan.num_warmup - first)
+        for first in range(done, total, warmup.chunk):
+            count = min(warmup.chunk, total - first)
             carry, draws, stats = warmup.step(carry, first, count)
             kept.append((draws, stats))
             if ckpt is not None:
                 _write(ctx, ckpt, first, count, carry, (draws, stats))
             done = first + count
-            bar.update(count)
+            before, moved = moved, _moved(done, total, plan.num_warmup)
+            bar.update(moved - before)
     except KeyboardInterrupt:
         if not done:
             raise
     finally:
         _flush(ckpt)
-    return _warm(ctx, warmup.finish(carry), kept, done, resumed, time.perf_counter() - t0)
+    stopped = None if done == total else moved
+    return _warm(ctx, warmup.finish(carry), kept, stopped, resumed, time.perf_counter() - t0)
 
 
-def _warm(ctx: Any, out: Any, kept: list, done: int, resumed: int, seconds: float) -> Warm:
-    """What sampling starts from after ``done`` warmup steps that ended in ``out``
-    (``resumed`` of them read from the checkpoint)."""
+def _moved(done: int, total: int, num_warmup: int) -> int:
+    """The bar's warmup steps after ``done`` of a warmup's ``total`` steps (``num_warmup``
+    of them on the bar)."""
+    return done if total == num_warmup else done * num_warmup // total
+
+
+def _warm(ctx: Any, out: Any, kept: list, stopped: int | None, resumed: int,
+          seconds: float) -> Warm:  # fmt: skip
+    """What sampling starts from after a warmup that ended in ``out``: ``stopped``
+    after that many of ``num_warmup`` steps by Ctrl-C, or ``None``, whole (``resumed``
+    of its steps read from the checkpoint)."""
     plan, placed = ctx.plan, ctx.placed
     draws, stats = _joined(kept, plan.thinning)
     attrs = {**(out.attrs or {}), "warmup_time": seconds}
     if resumed:
         attrs["warmup_resumed_from_step"] = resumed
     params = _start.replicate_params(out.kernel, placed.mesh)
-    stopped = None if done == plan.num_warmup else done
     return Warm(out.kernel, out.state, params, draws, stats, attrs, stopped)
 
 
@@ -110,7 +120,8 @@ def _open(ctx: Any, warmup: WarmupChunks) -> _checkpoint.Checkpoint | None:
     cannot say what it computes, and in a folder of a run written without them (its
     sampling checkpoint decides: resumed after the warmup runs again, or refused)."""
     plan, _, start, placed = ctx
-    if plan.checkpoint is None or warmup.fingerprint is None or warmup.chunk >= plan.num_warmup:
+    total = warmup.length or plan.num_warmup
+    if plan.checkpoint is None or warmup.fingerprint is None or warmup.chunk >= total:
         return None
     folder = str(plan.checkpoint)
     if _checkpoint.written_without_warmup(folder):

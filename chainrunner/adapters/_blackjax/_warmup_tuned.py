@@ -39,6 +39,7 @@ from ...core._naming import info_stats
 from ...layout import _distributed, _mesh
 from ...programs._compile import compiled
 from ...programs._programs import chain_key_pair
+from ._warmup_mclmc import mclmc_steps, phases
 
 
 class Pending(NamedTuple):
@@ -71,12 +72,18 @@ class Family(NamedTuple):
             ``info`` is blackjax's per-step ``AdaptationInfo`` when ``keep`` (else ignored).
         sampler: ``sampler(parameters) -> SamplingAlgorithm`` (its ``step`` is used).
         keeps_warmup: whether ``tune`` can return the warmup draws.
+        steps: ``None`` (``tune`` runs the warmup as one step), or ``steps(rng_key,
+            position, num_warmup) -> PerChain`` (``_warmup_mclmc``): the warmup as steps,
+            which ``run`` drives in chunks; ``tune`` is then ``None``.
+        length: with ``steps``, ``length(num_warmup)``: how many steps they are.
     """
 
     name: str
-    tune: Callable
+    tune: Callable | None
     sampler: Callable
     keeps_warmup: bool
+    steps: Callable | None = None
+    length: Callable | None = None
 
 
 def array_parameters(parameters: dict) -> dict:
@@ -123,21 +130,19 @@ def mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
     opts = dict(options)
     integrator = opts.pop("integrator", mclmc.isokinetic_mclachlan)
     fractions = tuple(opts.get(f, 0.1) for f in ("frac_tune1", "frac_tune2", "frac_tune3"))
+    kernel = mclmc.build_kernel(integrator=integrator)
+    build = mclmc_steps(kernel, logdensity_fn, mclmc.init, opts)
 
-    def tune(rng_key, position, num_warmup, keep):
-        init_key, tune_key = jax.random.split(rng_key)
-        state = mclmc.init(position, logdensity_fn, init_key)
-        state, p, _ = blackjax.mclmc_find_L_and_step_size(
-            mclmc.build_kernel(integrator=integrator), tuning_steps(num_warmup, fractions),
-            state, tune_key, logdensity_fn=logdensity_fn, **opts,
-        )  # fmt: skip
-        return state, {"L": p.L, "step_size": p.step_size,
-                       "inverse_mass_matrix": p.inverse_mass_matrix}, None  # fmt: skip
+    def steps(rng_key, position, num_warmup):
+        return build(rng_key, position, tuning_steps(num_warmup, fractions))
+
+    def length(num_warmup):
+        return phases(tuning_steps(num_warmup, fractions), opts).total
 
     def sampler(parameters):
         return blackjax.mclmc(logdensity_fn, integrator=integrator, **parameters)
 
-    return Family("mclmc", tune, sampler, keeps_warmup=False)
+    return Family("mclmc", None, sampler, False, steps, length)
 
 
 def adjusted_mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
@@ -214,6 +219,55 @@ def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: 
     return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=1)
 
 
+def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: int,
+                  length: int) -> Callable:  # fmt: skip
+    """``(carry, state, chain, rng_key, first) -> (carry, Tuned state)``: tuning steps
+    ``first .. first + length - 1`` of every chain (``Family.steps``), sharded.
+
+    The carry comes in and goes out split over ``'chain'``; at ``first=0`` its values are
+    unused (each chain starts from its ``Pending`` state). The tuned state holds the
+    parameters adapted so far.
+    """
+
+    def body(carry, state, chain, rng_key, first):
+        def one(args):
+            c, s, chain = args
+            key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
+            steps = family.steps(key, s.state.position, num_warmup)
+            c = jax.tree.map(lambda fresh, old: jnp.where(first == 0, fresh, old), steps.carry, c)
+            numbers = first + jnp.arange(length, dtype=jnp.int32)
+            keys = jax.lax.dynamic_slice_in_dim(steps.keys, first, length)
+            c, _ = jax.lax.scan(steps.step, c, (numbers, keys))
+            return c, Tuned(*steps.finish(c, first + length))
+
+        return _mesh.local_map(one, batch_size)((carry, state, chain))
+
+    return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=2)
+
+
+def scaled_chunk(chunk: int, num_warmup: int, length: int) -> int:
+    """The chunk of a tuning of ``length`` steps for ``num_warmup``'s ``chunk``: as many
+    of its steps, the longest that divides it where one of at least half does.
+
+    Examples:
+        >>> from chainrunner.adapters._blackjax._warmup_tuned import scaled_chunk
+        >>> scaled_chunk(150, 300, 333)  # 333 = 3 x 111: one program
+        111
+    """
+    c = max(1, min(length, round(chunk * length / num_warmup)))
+    return next((d for d in range(c, (c - 1) // 2, -1) if length % d == 0), c)
+
+
+def carry_like(family: Family, num_warmup: int, rng_key: jax.Array, state: Any) -> Any:
+    """The shapes and dtypes of ``chunk_program``'s carry and tuned states (every chain)."""
+
+    def one(s):
+        steps = family.steps(rng_key, s.state.position, num_warmup)
+        return steps.carry, Tuned(*steps.finish(steps.carry, 0))
+
+    return jax.eval_shape(jax.vmap(one), state)
+
+
 class TunedAdaptation(Adapter):
     """A blackjax kernel whose parameters each chain's own blackjax warmup sets.
 
@@ -272,7 +326,46 @@ class TunedAdaptation(Adapter):
                 "warmup draws (blackjax's tuner gives only its final state); pass "
                 "keep_warmup=False."
             )
-        return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r))
+        if self.family.steps is None:
+            return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r))
+        return self._chunks(r)
+
+    def _chunks(self, r: WarmupRequest) -> WarmupChunks:
+        """The tuning in chunks (``Family.steps``): ``((carry, tuned state), ...)``."""
+        family, mesh = self.family, r.mesh
+        length = family.length(r.num_warmup)
+        padded = int(jax.tree.leaves(r.state)[0].shape[0])
+        b, _ = _mesh.auto_batch_size(r.batch_size, mesh, r.num_chains)
+        chains = _mesh.place(_mesh.chain_ids(r.num_chains, padded), mesh)
+        key = _mesh.replicate(r.rng_key, mesh)
+        chunk = scaled_chunk(r.chunk_size or r.num_warmup, r.num_warmup, length)
+        executables: dict[int, Any] = {}
+
+        def start() -> Any:  # numpy zeros, placed: no program compiled for them
+            like = carry_like(family, r.num_warmup, r.rng_key, r.state)
+            return _mesh.place(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like), mesh)
+
+        def arguments(carry: Any, first: int) -> tuple:
+            return (carry[0], r.state, chains, key, _mesh.replicate(jnp.int32(first), mesh))
+
+        def executable(count: int, args: tuple) -> Any:
+            if count not in executables:
+                program = chunk_program(family, mesh, b, r.num_warmup, count)
+                executables[count] = compiled("warmup", program, args)[0]
+            return executables[count]
+
+        def step(carry: Any, first: int, count: int) -> tuple:
+            args = arguments(carry, first)
+            return executable(count, args)(*args), None, None
+
+        def finish(carry: Any) -> CrossChainWarmup:
+            return CrossChainWarmup(carry[1], self._kernel, None, None,
+                                    {"adaptation": family.name})  # fmt: skip
+
+        def fingerprint() -> str:
+            return executable(chunk, arguments(start(), 0)).digest
+
+        return WarmupChunks(chunk, start, step, finish, fingerprint, length)
 
     def _tune(self, r: WarmupRequest) -> CrossChainWarmup:
         """The tuning program, compiled and run: the tuned states (and warmup draws)."""
