@@ -83,26 +83,53 @@ def test_matches_blackjax_own_run_per_chain(devices):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "options, num_steps",  # blackjax's num_steps whose phases are about 300 steps
-    [({}, 1000), ({"diagonal_preconditioning": False, "frac_tune3": 0.2}, 750)],
-)
-def test_mclmc_matches_blackjax_own_tuner_per_chain(options, num_steps):
-    """The tuner runs as steps in chunks (``_warmup_mclmc``); each chain's parameters are
-    ``mclmc_find_L_and_step_size``'s own, with the documented keys."""
+def _own_mclmc_tuner(adaptation, options, num_steps):
+    """blackjax's own tuner of one chain, ``(key, position) -> parameters``, with the
+    kernel chainrunner builds (``_warmup_tuned``)."""
+    from blackjax.mcmc import adjusted_mclmc_dynamic as amd
     from blackjax.mcmc import mclmc
 
-    got = cr.adapted_parameters(_run("mclmc", blackjax.mclmc, options, 2, n=5, chunk_size=70))
-    kernel = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan)
+    if adaptation == "mclmc":
+        kernel, init = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan), mclmc.init
+
+        def tune(state, key):
+            return blackjax.mclmc_find_L_and_step_size(
+                kernel, num_steps, state, key, logdensity_fn=logdensity, **options
+            )
+    else:
+        kernel = amd.build_kernel(integration_steps_fn=amd.make_random_trajectory_length_fn(True),
+                                  integrator=amd.integrators.isokinetic_mclachlan)  # fmt: skip
+        init = amd.init
+
+        def tune(state, key):
+            return blackjax.adjusted_mclmc_find_L_and_step_size(
+                kernel, logdensity, num_steps, state, key, **{"target": 0.9, **options}
+            )
 
     @jax.jit
     def own(key, position):
         init_key, tune_key = jax.random.split(key)
-        state = mclmc.init(position, logdensity, init_key)
-        return blackjax.mclmc_find_L_and_step_size(
-            kernel, num_steps, state, tune_key, logdensity_fn=logdensity, **options
-        )[1]
+        return tune(init(position, logdensity, init_key), tune_key)[1]
 
+    return own
+
+
+@pytest.mark.parametrize(
+    "adaptation, options, num_steps",  # blackjax's num_steps for num_warmup=300
+    [
+        ("mclmc", {}, 1000),
+        ("mclmc", {"diagonal_preconditioning": False, "frac_tune3": 0.2}, 750),
+        ("adjusted_mclmc", {}, 1500),
+        ("adjusted_mclmc", {"frac_tune3": 0.1, "num_windows": 2}, 1000),
+    ],
+)
+def test_the_mclmc_tuners_match_blackjaxs_own_per_chain(adaptation, options, num_steps):
+    """The tuners run as steps in chunks (``_warmup_mclmc``, ``_warmup_adjusted_mclmc``);
+    each chain's parameters are blackjax's own call's, with the documented keys."""
+    factory = {"mclmc": blackjax.mclmc, "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}
+    trace = _run(adaptation, factory[adaptation], options, 2, n=5, chunk_size=70)
+    got = cr.adapted_parameters(trace)
+    own = _own_mclmc_tuner(adaptation, options, num_steps)
     for chain in (0, 4):
         key = jax.random.fold_in(chain_key_pair(jax.random.key(1), jnp.uint32(chain))[0], 0)
         expected = own(key, X0[chain])

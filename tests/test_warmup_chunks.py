@@ -28,13 +28,14 @@ def kernel(adaptation):
     if adaptation == "pooled":
         return cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="fisher",
                                 pooled=True)  # fmt: skip
-    factory = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc, "mclmc": blackjax.mclmc}
+    factory = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc, "mclmc": blackjax.mclmc,
+               "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}  # fmt: skip
     return cr.from_blackjax(factory[adaptation], logdensity_fn=logdensity, adaptation=adaptation)
 
 
 def keeps(adaptation):
-    """Whether the warmup can keep its draws (blackjax's MCLMC tuner returns none)."""
-    return adaptation != "mclmc"
+    """Whether the warmup can keep its draws (blackjax's MCLMC tuners return none)."""
+    return "mclmc" not in adaptation
 
 
 def run(adaptation, **kw):
@@ -43,42 +44,47 @@ def run(adaptation, **kw):
     return cr.run(kernel(adaptation), jax.random.key(1), START, 10, **options)
 
 
-def assert_same(a, b):
-    np.testing.assert_array_equal(a.draws, b.draws)
+def assert_same(a, b, thinned=False):
+    """``a`` and ``b`` have the same draws and adapted parameters; ``thinned``: ``a``
+    kept every second step of ``b``'s (draw ``i``: the state after step ``2 (i + 1)``)."""
+
+    def kept(x):
+        return np.asarray(x)[:, 1::2] if thinned else x
+
+    np.testing.assert_array_equal(a.draws, kept(b.draws))
     if a.warmup_stats is not None or b.warmup_stats is not None:
-        np.testing.assert_array_equal(a.warmup_draws, b.warmup_draws)
+        np.testing.assert_array_equal(a.warmup_draws, kept(b.warmup_draws))
         assert set(a.warmup_stats) == set(b.warmup_stats)
         for name in a.warmup_stats:
-            np.testing.assert_array_equal(a.warmup_stats[name], b.warmup_stats[name])
+            np.testing.assert_array_equal(a.warmup_stats[name], kept(b.warmup_stats[name]))
     assert set(cr.adapted_parameters(a)) == set(cr.adapted_parameters(b))
     for name, value in cr.adapted_parameters(a).items():
         np.testing.assert_array_equal(value, cr.adapted_parameters(b)[name])
 
 
-# mclmc: 33 tuning steps for num_warmup=30 (blackjax rounds its phases: 10 + 10, 3, 10)
-ADAPTATIONS = ["chees", "meads", "pooled", "mclmc"]
+# The MCLMC tuners' steps for num_warmup=30: mclmc 33 (blackjax rounds its phases:
+# 10 + 10, 3, 10), adjusted_mclmc 45 (15 + 15, then 15 again)
+ADAPTATIONS = ["chees", "meads", "pooled", "mclmc", "adjusted_mclmc"]
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
 def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
     whole = run(adaptation, chunk_size=30)
-    assert_same(run(adaptation, chunk_size=7), whole)  # 4 chunks of 7, then one of 2
-    if not keeps(adaptation):
-        return
-    assert whole.warmup_draws.shape == (8, 30, 3)
-    # thinned: draw i is the state after step 2 (i + 1), whatever the chunks
-    thinned = run(adaptation, chunk_size=5, thinning=2)
-    np.testing.assert_array_equal(thinned.warmup_draws, whole.warmup_draws[:, 1::2])
+    if keeps(adaptation):
+        assert whole.warmup_draws.shape == (8, 30, 3)
+    # chunks of 7 draws of 2 steps: 14, 14, then one of 2 (mclmc: 15, 15, 3 of its 33;
+    # adjusted_mclmc: 21, 21, 3 of 45); the draws and warmup draws every second step's
+    assert_same(run(adaptation, chunk_size=7, thinning=2), whole, thinned=True)
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
 def test_the_bar_moves_after_every_warmup_chunk(adaptation, monkeypatch):
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
-    run(adaptation, chunk_size=12)
+    run(adaptation, chunk_size=10)  # (the programs of the Ctrl-C tests' runs)
     warmup = [n for desc, n in bars[0].updates if desc == "warmup (across chains)"]
-    # mclmc: chunks of 11 of its 33 steps (13 would not divide them), 10 on the bar each
-    assert warmup == ([10, 10, 10] if adaptation == "mclmc" else [12, 12, 6])
+    # mclmc: chunks of 11 of its 33 steps, adjusted_mclmc: 15 of 45; 10 on the bar each
+    assert warmup == [10, 10, 10]
     assert bars[0].n == bars[0].total == 40
 
 
@@ -160,7 +166,8 @@ def logdensity(x):
     return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0, 0.3])) ** 2)
 
 adaptation, mode, path, out = sys.argv[1:]
-factory = {"chees": blackjax.dynamic_hmc, "mclmc": blackjax.mclmc}[adaptation]
+factory = {"chees": blackjax.dynamic_hmc, "mclmc": blackjax.mclmc,
+           "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}[adaptation]
 kernel = cr.from_blackjax(factory, logdensity_fn=logdensity, adaptation=adaptation)
 start = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0
 keep = adaptation == "chees"
@@ -173,7 +180,7 @@ np.savez(out, draws=trace.draws, warmup=trace.warmup_draws if keep else np.zeros
 """
 
 
-@pytest.mark.parametrize("adaptation", ["chees", "mclmc"])
+@pytest.mark.parametrize("adaptation", ["chees", "mclmc", "adjusted_mclmc"])
 def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(adaptation, tmp_path):
     import os
     import subprocess

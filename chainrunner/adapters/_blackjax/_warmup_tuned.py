@@ -18,6 +18,7 @@ that key and chain ``i``'s position gives the same result, within float rounding
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from ...core._naming import info_stats
 from ...layout import _distributed, _mesh
 from ...programs._compile import compiled
 from ...programs._programs import chain_key_pair
+from ._warmup_adjusted_mclmc import adjusted_steps, total_steps
 from ._warmup_mclmc import mclmc_steps, phases
 
 
@@ -157,15 +159,14 @@ def adjusted_mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
     fractions = tuple(opts.get(f, d) for f, d in
                       (("frac_tune1", 0.1), ("frac_tune2", 0.1), ("frac_tune3", 0.0)))  # fmt: skip
 
-    def tune(rng_key, position, num_warmup, keep):
-        init_key, tune_key = jax.random.split(rng_key)
-        state = amd.init(position, logdensity_fn, init_key)
-        kernel = amd.build_kernel(integration_steps_fn=steps_fn, integrator=integrator)
-        state, p, _ = blackjax.adjusted_mclmc_find_L_and_step_size(
-            kernel, logdensity_fn, tuning_steps(num_warmup, fractions), state, tune_key, **opts
-        )
-        return state, {"L": p.L, "step_size": p.step_size,
-                       "inverse_mass_matrix": p.inverse_mass_matrix}, None  # fmt: skip
+    kernel = amd.build_kernel(integration_steps_fn=steps_fn, integrator=integrator)
+    build = adjusted_steps(kernel, logdensity_fn, amd.init, opts)
+
+    def steps(rng_key, position, num_warmup):
+        return build(rng_key, position, tuning_steps(num_warmup, fractions))
+
+    def length(num_warmup):
+        return total_steps(tuning_steps(num_warmup, fractions), opts)
 
     def sampler(parameters):
         return blackjax.adjusted_mclmc_dynamic(
@@ -175,7 +176,7 @@ def adjusted_mclmc_family(logdensity_fn: Callable, options: dict) -> Family:
             integration_steps_params=(parameters["L"] / parameters["step_size"],),
         )  # fmt: skip
 
-    return Family("adjusted_mclmc", tune, sampler, keeps_warmup=False)
+    return Family("adjusted_mclmc", None, sampler, False, steps, length)
 
 
 def tuned_kernel(family: Family, logdensity_fn: Callable) -> Kernel:
@@ -256,6 +257,15 @@ def scaled_chunk(chunk: int, num_warmup: int, length: int) -> int:
     """
     c = max(1, min(length, round(chunk * length / num_warmup)))
     return next((d for d in range(c, (c - 1) // 2, -1) if length % d == 0), c)
+
+
+def zeros(rng_key: jax.Array, like: Any) -> Any:
+    """Zeros of ``like``'s shape and dtype, in numpy; a key array of ``rng_key``'s kind
+    (adjusted MCLMC's state holds one) wraps zero key data."""
+    if not jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
+        return np.zeros(like.shape, like.dtype)
+    data = np.zeros((*like.shape, *jax.random.key_data(rng_key).shape), np.uint32)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng_key))
 
 
 def carry_like(family: Family, num_warmup: int, rng_key: jax.Array, state: Any) -> Any:
@@ -343,7 +353,7 @@ class TunedAdaptation(Adapter):
 
         def start() -> Any:  # numpy zeros, placed: no program compiled for them
             like = carry_like(family, r.num_warmup, r.rng_key, r.state)
-            return _mesh.place(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like), mesh)
+            return _mesh.place(jax.tree.map(functools.partial(zeros, r.rng_key), like), mesh)
 
         def arguments(carry: Any, first: int) -> tuple:
             return (carry[0], r.state, chains, key, _mesh.replicate(jnp.int32(first), mesh))

@@ -1,0 +1,141 @@
+"""The MCLMC tuners as steps (issue 58) against blackjax's own call, one device.
+
+``adaptation="mclmc"`` and ``"adjusted_mclmc"`` run blackjax's tuners as a step function
+(``_warmup_mclmc``, ``_warmup_adjusted_mclmc``) so that ``run`` can drive them in chunks.
+This script measures what the step form costs against blackjax's own
+``mclmc_find_L_and_step_size`` / ``adjusted_mclmc_find_L_and_step_size``: both
+``jit(vmap(...))`` over 64 chains of a 20-d correlated Gaussian, on one device, the
+tuning of ``num_warmup=1000`` (blackjax's ``num_steps`` as chainrunner passes it):
+
+- **compile**: lowering and compiling each program, seconds;
+- **run**: one call of the compiled program, the median of ``--reps`` (default 5),
+  the two forms interleaved in one process.
+
+The step form runs as one ``lax.scan`` over all its steps here: ``run`` cuts the same
+scan into chunks (``benchmarks/bench_warmup_chunks.py`` measures chunks against one).
+
+Usage: ``python benchmarks/bench_tuner_steps.py [--quick] [--reps N] [--write]``.
+Prints JSON, then a markdown table; ``--write`` saves
+``benchmarks/results/tuner_steps-jax<major.minor>.json``.
+"""
+
+import argparse
+import json
+import os
+import time
+
+
+def programs(adaptation: str, num_warmup: int) -> dict:
+    """``{"blackjax": fn, "steps": fn}``, each ``(keys, positions) -> parameters``."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from blackjax.mcmc import adjusted_mclmc_dynamic as amd
+    from blackjax.mcmc import mclmc
+
+    from chainrunner.adapters._blackjax import _warmup_adjusted_mclmc, _warmup_mclmc
+    from chainrunner.adapters._blackjax._warmup_tuned import tuning_steps
+
+    d = 20
+    a = np.random.default_rng(0).normal(size=(d, d)) / np.sqrt(d) + np.eye(d)
+    a = jnp.asarray(a, jnp.float32)
+
+    def logdensity(x):
+        return -0.5 * jnp.sum((a @ x) ** 2)
+
+    if adaptation == "mclmc":
+        kernel, init = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan), mclmc.init
+        num_steps = tuning_steps(num_warmup, (0.1, 0.1, 0.1))
+        steps = _warmup_mclmc.mclmc_steps(kernel, logdensity, init, {})
+
+        def own(state, key):
+            return blackjax.mclmc_find_L_and_step_size(
+                kernel, num_steps, state, key, logdensity_fn=logdensity
+            )[1]
+    else:
+        kernel = amd.build_kernel(integration_steps_fn=amd.make_random_trajectory_length_fn(True))
+        init = amd.init
+        num_steps = tuning_steps(num_warmup, (0.1, 0.1, 0.0))
+        steps = _warmup_adjusted_mclmc.adjusted_steps(kernel, logdensity, init, {"target": 0.9})
+
+        def own(state, key):
+            return blackjax.adjusted_mclmc_find_L_and_step_size(
+                kernel, logdensity, num_steps, state, key, target=0.9
+            )[1]
+
+    def blackjax_call(key, position):
+        init_key, tune_key = jax.random.split(key)
+        return own(init(position, logdensity, init_key), tune_key)
+
+    def step_form(key, position):
+        chain = steps(key, position, num_steps)
+        numbers = jnp.arange(chain.keys.shape[0], dtype=jnp.int32)
+        carry, _ = jax.lax.scan(chain.step, chain.carry, (numbers, chain.keys))
+        return chain.finish(carry, chain.keys.shape[0])[1]
+
+    return {"blackjax": jax.jit(jax.vmap(blackjax_call)), "steps": jax.jit(jax.vmap(step_form))}
+
+
+def measure(adaptation: str, reps: int, num_warmup: int) -> dict:
+    import jax
+    import numpy as np
+
+    keys = jax.random.split(jax.random.key(0), 64)
+    x0 = jax.random.normal(jax.random.key(1), (64, 20))
+    compiled, compile_s = {}, {}
+    for name, fn in programs(adaptation, num_warmup).items():
+        t0 = time.perf_counter()
+        compiled[name] = fn.lower(keys, x0).compile()
+        compile_s[name] = time.perf_counter() - t0
+    run_s: dict = {name: [] for name in compiled}
+    for _ in range(reps):  # interleaved
+        for name, fn in compiled.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(keys, x0))
+            run_s[name].append(time.perf_counter() - t0)
+    med = {name: float(np.median(v)) for name, v in run_s.items()}
+    return {
+        "jax": jax.__version__, "adaptation": adaptation, "num_warmup": num_warmup,
+        "chains": 64, "reps": reps, "compile_s": compile_s, "run_s": med,
+        "compile_ratio": compile_s["steps"] / compile_s["blackjax"],
+        "run_ratio": med["steps"] / med["blackjax"], "runs": run_s,
+    }  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| jax | adaptation | compile, steps / blackjax (s) | ratio "
+        "| run, steps / blackjax (s) | ratio |\n|---|---|---|---:|---|---:|"
+    )
+    lines = [
+        f"| {r['jax']} | {r['adaptation']} "
+        f"| {r['compile_s']['steps']:.2f} / {r['compile_s']['blackjax']:.2f} "
+        f"| {r['compile_ratio']:.2f} "
+        f"| {r['run_s']['steps']:.2f} / {r['run_s']['blackjax']:.2f} | {r['run_ratio']:.2f} |"
+        for r in rows
+    ]
+    return "\n".join([head, *lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 rep of 200 steps")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    reps, num_warmup = (1, 200) if args.quick else (args.reps, 1000)
+    rows = [measure(a, reps, num_warmup) for a in ("mclmc", "adjusted_mclmc")]
+    print(json.dumps(rows, indent=1))
+    print(table(rows))
+    if args.write and not args.quick:
+        import jax
+
+        version = ".".join(jax.__version__.split(".")[:2])
+        path = os.path.join(os.path.dirname(__file__), "results", f"tuner_steps-jax{version}.json")
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
