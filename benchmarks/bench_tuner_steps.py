@@ -8,11 +8,12 @@ This script measures what the step form costs against blackjax's own
 tuning of ``num_warmup=1000`` (blackjax's ``num_steps`` as chainrunner passes it):
 
 - **compile**: lowering and compiling each program, seconds;
-- **run**: one call of the compiled program, the median of ``--reps`` (default 5),
+- **run**: one call of the compiled program, the median of ``--reps`` (default 5; the results: 15),
   the two forms interleaved in one process.
 
-The step form runs as one ``lax.scan`` over all its steps here: ``run`` cuts the same
-scan into chunks (``benchmarks/bench_warmup_chunks.py`` measures chunks against one).
+The step form runs as ``run``'s chunk program does, a loop of a run-time number of steps
+(here all of them in one call; ``benchmarks/bench_warmup_chunks.py`` measures chunks
+against one).
 
 Usage: ``python benchmarks/bench_tuner_steps.py [--quick] [--reps N] [--write]``.
 Prints JSON, then a markdown table; ``--write`` saves
@@ -26,7 +27,8 @@ import time
 
 
 def programs(adaptation: str, num_warmup: int) -> dict:
-    """``{"blackjax": fn, "steps": fn}``, each ``(keys, positions) -> parameters``."""
+    """``{"blackjax": (fn, ()), "steps": (fn, (count,))}``: each ``fn(keys, positions,
+    *extra) -> parameters``."""
     import blackjax
     import jax
     import jax.numpy as jnp
@@ -68,13 +70,19 @@ def programs(adaptation: str, num_warmup: int) -> dict:
         init_key, tune_key = jax.random.split(key)
         return own(init(position, logdensity, init_key), tune_key)
 
-    def step_form(key, position):
+    def step_form(key, position, count):  # as run's chunk program: a run-time count
         chain = steps(key, position, num_steps)
-        numbers = jnp.arange(chain.keys.shape[0], dtype=jnp.int32)
-        carry, _ = jax.lax.scan(chain.step, chain.carry, (numbers, chain.keys))
-        return chain.finish(carry, chain.keys.shape[0])[1]
 
-    return {"blackjax": jax.jit(jax.vmap(blackjax_call)), "steps": jax.jit(jax.vmap(step_form))}
+        def step(i, carry):
+            return chain.step(carry, (i, jax.lax.dynamic_index_in_dim(chain.keys, i, 0, False)))[0]
+
+        return chain.finish(jax.lax.fori_loop(0, count, step, chain.carry), count)[1]
+
+    total = jax.eval_shape(lambda: steps(jax.random.key(0), jnp.zeros(d), num_steps).keys)
+    return {
+        "blackjax": (jax.jit(jax.vmap(blackjax_call)), ()),
+        "steps": (jax.jit(jax.vmap(step_form, in_axes=(0, 0, None))), (total.shape[0],)),
+    }
 
 
 def measure(adaptation: str, reps: int, num_warmup: int) -> dict:
@@ -83,16 +91,18 @@ def measure(adaptation: str, reps: int, num_warmup: int) -> dict:
 
     keys = jax.random.split(jax.random.key(0), 64)
     x0 = jax.random.normal(jax.random.key(1), (64, 20))
-    compiled, compile_s = {}, {}
-    for name, fn in programs(adaptation, num_warmup).items():
+    compiled, compile_s, extra = {}, {}, {}
+    jax.jit(lambda x: x + 1).lower(x0).compile()  # XLA's own first-use costs, paid by neither
+    for name, (fn, args) in reversed(programs(adaptation, num_warmup).items()):  # steps first
+        extra[name] = tuple(jax.numpy.int32(a) for a in args)
         t0 = time.perf_counter()
-        compiled[name] = fn.lower(keys, x0).compile()
+        compiled[name] = fn.lower(keys, x0, *extra[name]).compile()
         compile_s[name] = time.perf_counter() - t0
     run_s: dict = {name: [] for name in compiled}
     for _ in range(reps):  # interleaved
         for name, fn in compiled.items():
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(keys, x0))
+            jax.block_until_ready(fn(keys, x0, *extra[name]))
             run_s[name].append(time.perf_counter() - t0)
     med = {name: float(np.median(v)) for name, v in run_s.items()}
     return {

@@ -102,7 +102,7 @@ DIVIDED = [
     "test_fisher_pooled.py::test_pooled_samples_a_correlated_gaussian",
     "test_pymc.py::test_posterior_means_match_pm_sample",
     "test_adaptations.py::test_matches_blackjax_own_run_per_chain",
-    "test_adaptations.py::test_the_mclmc_tuners_match_blackjaxs_own_per_chain",
+    "test_adaptations.py::test_the_mclmc_tuners_steps_are_blackjaxs_passes",
     # each warmup's Ctrl-C and resume, bitwise, runs under both (test_warmup_chunks)
     "test_warmup_chunks.py::test_sigkill_in_the_warmup_then_resume_equals_uninterrupted",
 ]

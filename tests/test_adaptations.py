@@ -83,14 +83,18 @@ def test_matches_blackjax_own_run_per_chain(devices):
         )  # fmt: skip
 
 
-def _own_mclmc_tuner(adaptation, options, num_steps):
-    """blackjax's own tuner of one chain, ``(key, position) -> parameters``, with the
-    kernel chainrunner builds (``_warmup_tuned``)."""
+def _mclmc_tuner(adaptation, options, num_steps):
+    """``(own, steps)``: blackjax's own tuner of one chain, ``(key, position) ->
+    parameters``, and chainrunner's form of it in steps (``PerChain``), with the kernel
+    chainrunner builds (``_warmup_tuned``)."""
     from blackjax.mcmc import adjusted_mclmc_dynamic as amd
     from blackjax.mcmc import mclmc
 
+    from chainrunner.adapters._blackjax import _warmup_adjusted_mclmc, _warmup_mclmc
+
     if adaptation == "mclmc":
         kernel, init = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan), mclmc.init
+        steps = _warmup_mclmc.mclmc_steps(kernel, logdensity, init, options)
 
         def tune(state, key):
             return blackjax.mclmc_find_L_and_step_size(
@@ -99,42 +103,71 @@ def _own_mclmc_tuner(adaptation, options, num_steps):
     else:
         kernel = amd.build_kernel(integration_steps_fn=amd.make_random_trajectory_length_fn(True),
                                   integrator=amd.integrators.isokinetic_mclachlan)  # fmt: skip
-        init = amd.init
+        init, options = amd.init, {"target": 0.9, **options}
+        steps = _warmup_adjusted_mclmc.adjusted_steps(kernel, logdensity, init, options)
 
         def tune(state, key):
             return blackjax.adjusted_mclmc_find_L_and_step_size(
-                kernel, logdensity, num_steps, state, key, **{"target": 0.9, **options}
+                kernel, logdensity, num_steps, state, key, **options
             )
 
-    @jax.jit
     def own(key, position):
         init_key, tune_key = jax.random.split(key)
         return tune(init(position, logdensity, init_key), tune_key)[1]
 
-    return own
+    return own, steps
 
 
-@pytest.mark.parametrize(
-    "adaptation, options, num_steps",  # blackjax's num_steps for num_warmup=300
-    [
-        ("mclmc", {}, 1000),
-        ("mclmc", {"diagonal_preconditioning": False, "frac_tune3": 0.2}, 750),
-        ("adjusted_mclmc", {}, 1500),
-        ("adjusted_mclmc", {"frac_tune3": 0.1, "num_windows": 2}, 1000),
-    ],
-)
-def test_the_mclmc_tuners_match_blackjaxs_own_per_chain(adaptation, options, num_steps):
+FACTORIES = {"mclmc": blackjax.mclmc, "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}
+
+
+@pytest.mark.parametrize("adaptation, num_steps", [("mclmc", 1000), ("adjusted_mclmc", 1500)])
+def test_the_mclmc_tuners_match_blackjaxs_own_per_chain(adaptation, num_steps):
     """The tuners run as steps in chunks (``_warmup_mclmc``, ``_warmup_adjusted_mclmc``);
-    each chain's parameters are blackjax's own call's, with the documented keys."""
-    factory = {"mclmc": blackjax.mclmc, "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}
-    trace = _run(adaptation, factory[adaptation], options, 2, n=5, chunk_size=70)
+    each chain's parameters are blackjax's own call's (``num_steps`` for
+    ``num_warmup=300``), with the documented keys: within float rounding for MCLMC;
+    adjusted MCLMC's accept/reject grows a rounding difference between two programs
+    into another path (4% measured on jax 0.12, equal on jax 0.10), so there the
+    passes are checked step for step below, in one program."""
+    trace = _run(adaptation, FACTORIES[adaptation], {}, 2, n=5, chunk_size=70)
     got = cr.adapted_parameters(trace)
-    own = _own_mclmc_tuner(adaptation, options, num_steps)
+    own = jax.jit(_mclmc_tuner(adaptation, {}, num_steps)[0])
     for chain in (0, 4):
         key = jax.random.fold_in(chain_key_pair(jax.random.key(1), jnp.uint32(chain))[0], 0)
         expected = own(key, X0[chain])
+        rtol = 1e-3 if adaptation == "mclmc" else 0.25
         for name in ("L", "step_size", "inverse_mass_matrix"):
-            np.testing.assert_allclose(got[name][chain], getattr(expected, name), rtol=1e-3)
+            np.testing.assert_allclose(got[name][chain], getattr(expected, name), rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    "adaptation, options",
+    [
+        ("mclmc", {"diagonal_preconditioning": False, "frac_tune3": 0.2}),
+        ("mclmc", {"frac_tune3": 0.0, "desired_energy_var": 1e-3}),
+        ("adjusted_mclmc", {"frac_tune3": 0.1, "num_windows": 2, "max": "max"}),
+        ("adjusted_mclmc", {"diagonal_preconditioning": False, "frac_tune2": 0.0}),
+    ],
+)
+def test_the_mclmc_tuners_steps_are_blackjaxs_passes(adaptation, options):
+    """The step form, in two chunks, against blackjax's own call in one program: the
+    same parameters for each option's path through the passes, within float rounding
+    (MCLMC's grows over 600 steps: 5e-4 measured)."""
+    own, steps = _mclmc_tuner(adaptation, options, 600)
+
+    @jax.jit
+    def mine(key, position):
+        chain = steps(key, position, 600)
+        n = chain.keys.shape[0]
+        numbers = jnp.arange(n, dtype=jnp.int32)
+        c, _ = jax.lax.scan(chain.step, chain.carry, (numbers[: n // 3], chain.keys[: n // 3]))
+        c, _ = jax.lax.scan(chain.step, c, (numbers[n // 3 :], chain.keys[n // 3 :]))
+        return chain.finish(c, n)
+
+    key = jax.random.key(5)
+    (_, got), expected = mine(key, X0[1]), jax.jit(own)(key, X0[1])
+    for name in ("L", "step_size", "inverse_mass_matrix"):
+        np.testing.assert_allclose(got[name], getattr(expected, name), rtol=2e-3)
 
 
 def test_staged_matches_blackjax_and_is_reproducible():

@@ -197,8 +197,10 @@ def _step(t: Tuning, plan: _Plan, c: Carry, x: tuple) -> tuple[Carry, None]:
     new, info = t.kernel(rng_key=key, state=c.state, logdensity_fn=t.logdensity_fn,
                          step_size=p.step_size, inverse_mass_matrix=p.inverse_mass_matrix,
                          integration_steps_params=(p.L / p.step_size,))  # fmt: skip
-    c = jax.tree.map(lambda a, b: jnp.where(averaging, a, b),
-                     _averaged(t, c, new, info, mask, fix_l), _plain(c, i, new, plan))  # fmt: skip
+    samples = c.samples  # (no select of the buffer: neither branch touches it)
+    c = jax.lax.cond(averaging, lambda c: _averaged(t, c, new, info, mask, fix_l),
+                     lambda c: c._replace(state=new), c._replace(samples=None))  # fmt: skip
+    c = _plain(c._replace(samples=samples), i, averaging, plan)
     k = jnp.searchsorted(jnp.asarray(plan.ends), i + 1)
     ends = [functools.partial(s.end, t) for s in plan.segments]
     is_end = jnp.asarray(plan.ends)[jnp.minimum(k, len(ends) - 1)] == i + 1
@@ -232,14 +234,16 @@ def _averaged(t: Tuning, c: Carry, new: Any, info: Any, mask: jax.Array,
     return c._replace(state=new, params=params, da=da, largest=largest, moments=moments)
 
 
-def _plain(c: Carry, i: jax.Array, new: Any, plan: _Plan) -> Carry:
-    """A plain step (for ``L``): its position kept, in its pass's row."""
+def _plain(c: Carry, i: jax.Array, averaging: jax.Array, plan: _Plan) -> Carry:
+    """After a plain step (for ``L``; not ``averaging``), its position kept in its
+    pass's row (a row written with itself otherwise: no copy of the buffer)."""
     if not c.samples.shape[0]:
-        return c._replace(state=new)
+        return c
     starts = np.concatenate([[0], plan.ends[:-1]])
     row = i - jnp.asarray(starts)[jnp.searchsorted(jnp.asarray(plan.ends), i + 1)]
     row = jnp.clip(row, 0, c.samples.shape[0] - 1)
-    return c._replace(state=new, samples=c.samples.at[row].set(ravel_pytree(new.position)[0]))
+    x = jnp.where(averaging, c.samples[row], ravel_pytree(c.state.position)[0])
+    return c._replace(samples=c.samples.at[row].set(x))
 
 
 def _begin(t: Tuning, c: Carry) -> Carry:

@@ -161,13 +161,23 @@ def _step(t: Tuning, c: Carry, x: tuple) -> tuple[Carry, None]:
     split, nan_key = jax.random.split(key)  # the predictor's keys (phases 1-2)
     data = jnp.where(tuning, jax.random.key_data(split), jax.random.key_data(key))
     new, info = _kernel_step(t, c, jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)))
-    c = _where(tuning, _tuned(t, c, i, new, info, nan_key), _sampled(t, c, i, new))
-    c = _where(i + 1 == t.ph.first, _end_of_first(t, c), c)
-    return _where(i + 1 == t.ph.first + t.ph.second, _end_of_second(c), c), None
+    c = _unless_sampled(tuning, lambda c: _tuned(t, c, i, new, info, nan_key),
+                        lambda c: c._replace(state=new), c)  # fmt: skip
+    c = _sampled(t, c, i, tuning)
+    c = _unless_sampled(i + 1 == t.ph.first, functools.partial(_end_of_first, t), _same, c)
+    return _unless_sampled(i + 1 == t.ph.first + t.ph.second, _end_of_second, _same, c), None
 
 
-def _where(condition: jax.Array, a: Any, b: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.where(condition, x, y), a, b)
+def _same(c: Carry) -> Carry:
+    return c
+
+
+def _unless_sampled(condition: jax.Array, a: Callable, b: Callable, c: Carry) -> Carry:
+    """``a(c)`` if ``condition``, else ``b(c)``, as a ``lax.cond`` (one branch runs where
+    the chains are not vmapped); neither touches the samples (no select of the buffer)."""
+    samples = c.samples
+    c = jax.lax.cond(condition, a, b, c._replace(samples=None))
+    return c._replace(samples=samples)
 
 
 def _kernel_step(t: Tuning, c: Carry, key: jax.Array) -> tuple:
@@ -203,15 +213,17 @@ def _tuned(t: Tuning, c: Carry, i: jax.Array, new: Any, info: Any, nan_key: jax.
     )
     return c._replace(state=new, params=p._replace(step_size=step_size),
                       estimate=(time, x_average, largest),
-                      moments=_where(i < t.ph.first, moments, c.moments))  # fmt: skip
+                      moments=jax.tree.map(functools.partial(jnp.where, i < t.ph.first),
+                                           moments, c.moments))  # fmt: skip
 
 
-def _sampled(t: Tuning, c: Carry, i: jax.Array, new: Any) -> Carry:
-    """Phase 3 after the kernel's step ``new``: its position kept."""
+def _sampled(t: Tuning, c: Carry, i: jax.Array, tuning: jax.Array) -> Carry:
+    """In phase 3 (not ``tuning``), the position the step reached kept in its row."""
     if not t.ph.third:
-        return c._replace(state=new)
+        return c
     row = jnp.clip(i - t.ph.first - t.ph.second, 0, t.ph.third - 1)
-    return c._replace(state=new, samples=c.samples.at[row].set(ravel_pytree(new.position)[0]))
+    x = jnp.where(tuning, c.samples[row], ravel_pytree(c.state.position)[0])
+    return c._replace(samples=c.samples.at[row].set(x))
 
 
 def _end_of_first(t: Tuning, c: Carry) -> Carry:

@@ -220,30 +220,35 @@ def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: 
     return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=1)
 
 
-def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: int,
-                  length: int) -> Callable:  # fmt: skip
-    """``(carry, state, chain, rng_key, first) -> (carry, Tuned state)``: tuning steps
-    ``first .. first + length - 1`` of every chain (``Family.steps``), sharded.
+def chunk_program(family: Family, mesh: Any, batch_size: int | None,
+                  num_warmup: int) -> Callable:  # fmt: skip
+    """``(carry, state, chain, rng_key, first, count) -> (carry, Tuned state)``: tuning
+    steps ``first .. first + count - 1`` of every chain (``Family.steps``), sharded.
 
     The carry comes in and goes out split over ``'chain'``; at ``first=0`` its values are
     unused (each chain starts from its ``Pending`` state). The tuned state holds the
-    parameters adapted so far.
+    parameters adapted so far. ``count`` is a run-time number: every chunk runs the one
+    program, so chunks of any length give the same bits (a scan of each length was
+    compiled apart, and XLA rounded the tuners' steps differently in some of them).
     """
 
-    def body(carry, state, chain, rng_key, first):
+    def body(carry, state, chain, rng_key, first, count):
         def one(args):
             c, s, chain = args
             key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
             steps = family.steps(key, s.state.position, num_warmup)
             c = jax.tree.map(lambda fresh, old: jnp.where(first == 0, fresh, old), steps.carry, c)
-            numbers = first + jnp.arange(length, dtype=jnp.int32)
-            keys = jax.lax.dynamic_slice_in_dim(steps.keys, first, length)
-            c, _ = jax.lax.scan(steps.step, c, (numbers, keys))
-            return c, Tuned(*steps.finish(c, first + length))
+
+            def step(j, c):
+                i = first + j
+                return steps.step(c, (i, jax.lax.dynamic_index_in_dim(steps.keys, i, 0, False)))[0]
+
+            c = jax.lax.fori_loop(0, count, step, c)
+            return c, Tuned(*steps.finish(c, first + count))
 
         return _mesh.local_map(one, batch_size)((carry, state, chain))
 
-    return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=2)
+    return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=3)
 
 
 def scaled_chunk(chunk: int, num_warmup: int, length: int) -> int:
@@ -349,31 +354,29 @@ class TunedAdaptation(Adapter):
         chains = _mesh.place(_mesh.chain_ids(r.num_chains, padded), mesh)
         key = _mesh.replicate(r.rng_key, mesh)
         chunk = scaled_chunk(r.chunk_size or r.num_warmup, r.num_warmup, length)
-        executables: dict[int, Any] = {}
+        program = chunk_program(family, mesh, b, r.num_warmup)
 
         def start() -> Any:  # numpy zeros, placed: no program compiled for them
             like = carry_like(family, r.num_warmup, r.rng_key, r.state)
             return _mesh.place(jax.tree.map(functools.partial(zeros, r.rng_key), like), mesh)
 
-        def arguments(carry: Any, first: int) -> tuple:
-            return (carry[0], r.state, chains, key, _mesh.replicate(jnp.int32(first), mesh))
+        def arguments(carry: Any, first: int, count: int) -> tuple:
+            numbers = _mesh.replicate((jnp.int32(first), jnp.int32(count)), mesh)
+            return (carry[0], r.state, chains, key, *numbers)
 
-        def executable(count: int, args: tuple) -> Any:
-            if count not in executables:
-                program = chunk_program(family, mesh, b, r.num_warmup, count)
-                executables[count] = compiled("warmup", program, args)[0]
-            return executables[count]
+        @functools.cache
+        def executable() -> Any:  # one for every chunk (``count`` is an argument)
+            return compiled("warmup", program, arguments(start(), 0, chunk))[0]
 
         def step(carry: Any, first: int, count: int) -> tuple:
-            args = arguments(carry, first)
-            return executable(count, args)(*args), None, None
+            return executable()(*arguments(carry, first, count)), None, None
 
         def finish(carry: Any) -> CrossChainWarmup:
             return CrossChainWarmup(carry[1], self._kernel, None, None,
                                     {"adaptation": family.name})  # fmt: skip
 
         def fingerprint() -> str:
-            return executable(chunk, arguments(start(), 0)).digest
+            return executable().digest
 
         return WarmupChunks(chunk, start, step, finish, fingerprint, length)
 
