@@ -89,7 +89,8 @@ def test_the_bar_moves_after_every_warmup_chunk(adaptation, monkeypatch):
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
     run(adaptation, chunk_size=10)  # (the programs of the Ctrl-C tests' runs)
-    warmup = [n for desc, n in bars[0].updates if desc == "warmup (across chains)"]
+    label = "warmup (each chain)" if "mclmc" in adaptation else "warmup (across chains)"
+    warmup = [n for desc, n in bars[0].updates if desc == label]
     # mclmc: chunks of 11 of its 33 steps, adjusted_mclmc: 15 of 45; 10 on the bar each
     assert warmup == [10, 10, 10]
     assert bars[0].n == bars[0].total == 40
@@ -100,7 +101,7 @@ def test_a_tuner_is_one_step_on_the_bar(monkeypatch):
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
     tuned = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window_low_rank")
     cr.run(tuned, jax.random.key(1), START, 10, num_warmup=30, chunk_size=12, **KW)
-    assert [n for desc, n in bars[0].updates if desc == "warmup (across chains)"] == [30]
+    assert [n for desc, n in bars[0].updates if desc == "warmup (each chain)"] == [30]
 
 
 def interrupted(adaptation, at, monkeypatch, **kw):

@@ -214,6 +214,7 @@ class WarmupChunks(NamedTuple):
         length: ``None`` (the warmup's steps are ``num_warmup``), or how many steps the
             warmup runs where that differs (blackjax's MCLMC tuners round their phases'
             lengths); the bar then moves by ``num_warmup / length`` per step.
+        label: what the progress bar says while the warmup runs.
 
     Examples:
         >>> import chainrunner as cr
@@ -234,9 +235,11 @@ class WarmupChunks(NamedTuple):
     finish: Callable[[Any], CrossChainWarmup]
     fingerprint: Callable[[], str] | None = None
     length: int | None = None
+    label: str = "warmup (across chains)"
 
     @classmethod
-    def whole(cls, num_warmup: int, warmup: Callable[[], CrossChainWarmup]) -> WarmupChunks:
+    def whole(cls, num_warmup: int, warmup: Callable[[], CrossChainWarmup],
+              label: str = "warmup (across chains)") -> WarmupChunks:  # fmt: skip
         """A warmup that runs as one step: ``warmup()``, called by the one ``step``.
 
         Examples:
@@ -251,7 +254,7 @@ class WarmupChunks(NamedTuple):
             out = warmup()
             return out, out.draws, out.stats
 
-        return cls(num_warmup, lambda: None, step, lambda out: out)
+        return cls(num_warmup, lambda: None, step, lambda out: out, label=label)
 
 
 class WarmupRequest(NamedTuple):

@@ -52,14 +52,14 @@ def warm_up(ctx: Any, state: Any, bar: Any) -> Warm:
     plan, adapter, start, placed = ctx
     if not start.cross_chain:
         return Warm(start.kernel, state, placed.params)
-    bar.set_description("warmup (across chains)")
-    bar.refresh()
     t0 = time.perf_counter()
     request = WarmupRequest(
         plan.rng_key, state, start.num_chains, plan.num_warmup, placed.mesh, plan.keep_warmup,
         plan.batch_size, _loop.warmup_chunk(plan),
     )  # fmt: skip
     warmup = adapter.cross_chain_warmup(request)
+    bar.set_description(warmup.label)
+    bar.refresh()
     total = warmup.length or plan.num_warmup
     ckpt = _open(ctx, warmup)
     carry, kept, done = _restore(ctx, ckpt, warmup)

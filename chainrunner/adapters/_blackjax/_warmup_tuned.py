@@ -43,6 +43,8 @@ from ...programs._programs import chain_key_pair
 from ._warmup_adjusted_mclmc import adjusted_steps, total_steps
 from ._warmup_mclmc import mclmc_steps, phases
 
+LABEL = "warmup (each chain)"  # the bar's, while the tuners run
+
 
 class Pending(NamedTuple):
     """A chain before its warmup: its position and log density (checked to be finite)."""
@@ -342,7 +344,7 @@ class TunedAdaptation(Adapter):
                 "keep_warmup=False."
             )
         if self.family.steps is None:
-            return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r))
+            return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r), LABEL)
         return self._chunks(r)
 
     def _chunks(self, r: WarmupRequest) -> WarmupChunks:
@@ -378,7 +380,7 @@ class TunedAdaptation(Adapter):
         def fingerprint() -> str:
             return executable().digest
 
-        return WarmupChunks(chunk, start, step, finish, fingerprint, length)
+        return WarmupChunks(chunk, start, step, finish, fingerprint, length, LABEL)
 
     def _tune(self, r: WarmupRequest) -> CrossChainWarmup:
         """The tuning program, compiled and run: the tuned states (and warmup draws)."""
