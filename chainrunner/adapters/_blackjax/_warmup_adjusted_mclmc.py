@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ._warmup_mclmc import PerChain
+from ._warmup_mclmc import PerChain, defaults_of
 
 
 class Segment(NamedTuple):
@@ -72,15 +72,10 @@ class Carry(NamedTuple):
 
 
 def with_defaults(options: dict) -> dict:
-    """``options`` and, for the rest, the defaults of blackjax's
-    ``adjusted_mclmc_find_L_and_step_size`` (read from its signature)."""
-    import inspect
-
+    """``options`` with blackjax's ``adjusted_mclmc_find_L_and_step_size`` defaults."""
     import blackjax
 
-    signature = inspect.signature(blackjax.adjusted_mclmc_find_L_and_step_size).parameters
-    defaults = {k: p.default for k, p in signature.items() if p.default is not p.empty}
-    return {**defaults, **options}
+    return defaults_of(blackjax.adjusted_mclmc_find_L_and_step_size, options)
 
 
 def counts(num_steps: int, options: dict) -> tuple[int, int, int]:

@@ -89,16 +89,20 @@ class Carry(NamedTuple):
     samples: jax.Array
 
 
-def with_defaults(options: dict) -> dict:
-    """``options`` and, for the rest, the defaults of blackjax's
-    ``mclmc_find_L_and_step_size`` (read from its signature)."""
+def defaults_of(function: Callable, options: dict) -> dict:
+    """``options`` and, for the rest, ``function``'s defaults (read from its signature)."""
     import inspect
 
-    import blackjax
-
-    signature = inspect.signature(blackjax.mclmc_find_L_and_step_size).parameters
+    signature = inspect.signature(function).parameters
     defaults = {k: p.default for k, p in signature.items() if p.default is not p.empty}
     return {**defaults, **options}
+
+
+def with_defaults(options: dict) -> dict:
+    """``options`` with blackjax's ``mclmc_find_L_and_step_size`` defaults."""
+    import blackjax
+
+    return defaults_of(blackjax.mclmc_find_L_and_step_size, options)
 
 
 class Tuning(NamedTuple):
