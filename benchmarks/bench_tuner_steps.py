@@ -1,11 +1,13 @@
-"""The MCLMC tuners as steps (issue 58) against blackjax's own call, one device.
+"""blackjax's per-chain adaptations as steps (issue 58) against blackjax's own call.
 
 ``adaptation="mclmc"`` and ``"adjusted_mclmc"`` run blackjax's tuners as a step function
-(``_warmup_mclmc``, ``_warmup_adjusted_mclmc``) so that ``run`` can drive them in chunks.
-This script measures what the step form costs against blackjax's own
-``mclmc_find_L_and_step_size`` / ``adjusted_mclmc_find_L_and_step_size``: both
-``jit(vmap(...))`` over 64 chains of a 20-d correlated Gaussian, on one device, the
-tuning of ``num_warmup=1000`` (blackjax's ``num_steps`` as chainrunner passes it):
+(``_warmup_mclmc``, ``_warmup_adjusted_mclmc``) so that ``run`` can drive them in chunks;
+``"window_low_rank"``, ``"staged"`` and ``"pathfinder"`` (with NUTS) run blackjax's own
+``run`` cut around its scan (``programs/_split``). This script measures what the step
+form costs against blackjax's own call (``mclmc_find_L_and_step_size``, ...,
+``AdaptationAlgorithm.run``): both ``jit(vmap(...))`` over 64 chains of a 20-d
+correlated Gaussian, on one device, the tuning of ``num_warmup=1000`` (blackjax's
+``num_steps`` as chainrunner passes it):
 
 - **compile**: lowering and compiling each program, seconds;
 - **run**: one call of the compiled program, the median of ``--reps`` (default 5; the results: 15),
@@ -46,6 +48,8 @@ def programs(adaptation: str, num_warmup: int) -> dict:
     def logdensity(x):
         return -0.5 * jnp.sum((a @ x) ** 2)
 
+    if adaptation in ONE_CALL:
+        return one_call(adaptation, logdensity, num_warmup)
     if adaptation == "mclmc":
         kernel, init = mclmc.build_kernel(integrator=mclmc.isokinetic_mclachlan), mclmc.init
         num_steps = tuning_steps(num_warmup, (0.1, 0.1, 0.1))
@@ -82,6 +86,38 @@ def programs(adaptation: str, num_warmup: int) -> dict:
     return {
         "blackjax": (jax.jit(jax.vmap(blackjax_call)), ()),
         "steps": (jax.jit(jax.vmap(step_form, in_axes=(0, 0, None))), (total.shape[0],)),
+    }
+
+
+ONE_CALL = ("window_low_rank", "staged", "pathfinder")
+
+
+def one_call(adaptation: str, logdensity, num_warmup: int) -> dict:
+    """``programs`` of blackjax's adaptation ``adaptation`` with NUTS: its ``run``, and
+    the same cut around its scan (``_split``) as ``run``'s chunk program runs it."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+
+    from chainrunner.programs._split import split_scan
+
+    algorithm = getattr(blackjax, {"window_low_rank": "window_adaptation_low_rank",
+                                   "staged": "staged_adaptation",
+                                   "pathfinder": "pathfinder_adaptation"}[adaptation])  # fmt: skip
+    own = algorithm(blackjax.nuts, logdensity)
+
+    def blackjax_call(key, position):
+        return own.run(key, position, num_warmup)[0].parameters["step_size"]
+
+    cut = split_scan(blackjax_call, num_warmup, jax.random.key(0), jnp.zeros(20))
+
+    def step_form(key, position, count):
+        carry = jax.lax.fori_loop(0, count, lambda i, c: cut.step(c, i), cut.start(key, position))
+        return cut.finish(carry, count)
+
+    return {
+        "blackjax": (jax.jit(jax.vmap(blackjax_call)), ()),
+        "steps": (jax.jit(jax.vmap(step_form, in_axes=(0, 0, None))), (num_warmup,)),
     }
 
 
@@ -133,9 +169,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 rep of 200 steps")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--only", nargs="*", help="these adaptations (default: all)")
     args = parser.parse_args()
     reps, num_warmup = (1, 200) if args.quick else (args.reps, 1000)
-    rows = [measure(a, reps, num_warmup) for a in ("mclmc", "adjusted_mclmc")]
+    names = args.only or ("mclmc", "adjusted_mclmc", *ONE_CALL)
+    rows = [measure(a, reps, num_warmup) for a in names]
     print(json.dumps(rows, indent=1))
     print(table(rows))
     if args.write and not args.quick:

@@ -1,7 +1,8 @@
-"""The cross-chain warmups (ChEES, MEADS, pooled Fisher) and blackjax's MCLMC tuner run
-chunk by chunk (issue 58): the same draws and parameters as in one chunk, bit for bit;
-the bar moves after every chunk; Ctrl-C keeps the warmup done so far (states,
-parameters, kept draws)."""
+"""The cross-chain warmups (ChEES, MEADS, pooled Fisher), blackjax's MCLMC tuners and its
+one-call adaptations (window low rank, staged, pathfinder: ``_split``) run chunk by chunk
+(issue 58): the same draws and parameters as in one chunk, bit for bit; the bar moves
+after every chunk; Ctrl-C keeps the warmup done so far (states, parameters, kept
+draws)."""
 
 import warnings
 
@@ -18,6 +19,8 @@ from chainrunner.pipeline import _run
 SD = jnp.array([1.0, 3.0, 0.3])
 START = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0  # dispersed (MEADS: 2 folds)
 KW = {"progress": False, "warn": False}
+# blackjax's adaptations that are one call, cut around their scan (``_split``)
+ONE_CALL = ("window_low_rank", "staged", "pathfinder")
 
 
 def logdensity(x):
@@ -28,6 +31,9 @@ def kernel(adaptation):
     if adaptation == "pooled":
         return cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="fisher",
                                 pooled=True)  # fmt: skip
+    if adaptation in ONE_CALL:  # HMC of 5 steps: NUTS compiles longer, to the same end
+        return cr.from_blackjax(blackjax.hmc, logdensity_fn=logdensity, adaptation=adaptation,
+                                num_integration_steps=5)  # fmt: skip
     factory = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc, "mclmc": blackjax.mclmc,
                "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}  # fmt: skip
     return cr.from_blackjax(factory[adaptation], logdensity_fn=logdensity, adaptation=adaptation)
@@ -62,13 +68,19 @@ def assert_same(a, b, thinned=False):
         for name in a.warmup_stats:
             np.testing.assert_array_equal(a.warmup_stats[name], kept(b.warmup_stats[name]))
     assert set(cr.adapted_parameters(a)) == set(cr.adapted_parameters(b))
-    for name, value in cr.adapted_parameters(a).items():
-        np.testing.assert_array_equal(value, cr.adapted_parameters(b)[name])
+    # (a low-rank metric is a tuple of arrays)
+    jax.tree.map(np.testing.assert_array_equal, cr.adapted_parameters(a), cr.adapted_parameters(b))
 
 
 # The MCLMC tuners' steps for num_warmup=30: mclmc 33 (blackjax rounds its phases:
 # 10 + 10, 3, 10), adjusted_mclmc 45 (15 + 15, then 15 again)
-ADAPTATIONS = ["chees", "meads", "pooled", "mclmc", "adjusted_mclmc"]
+ADAPTATIONS = ["chees", "meads", "pooled", "mclmc", "adjusted_mclmc", *ONE_CALL]
+
+
+def label(adaptation):
+    """What the bar says while the warmup runs."""
+    per_chain = "mclmc" in adaptation or adaptation in ONE_CALL
+    return "warmup (each chain)" if per_chain else "warmup (across chains)"
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
@@ -78,6 +90,9 @@ def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
         assert whole.warmup_draws.shape == (8, 30, 3)
     if not keeps(adaptation):  # chunks of 8 of 33 and 8 of 45 steps, then the rest
         assert_same(run(adaptation, chunk_size=7), whole)
+        return
+    if adaptation in ONE_CALL:  # one program for any chunk (the other tests' chunks)
+        assert_same(run(adaptation, chunk_size=10), whole)
         return
     # chunks of 7 draws of 2 steps: 14, 14, then one of 2; the warmup draws every second
     # step's
@@ -89,19 +104,31 @@ def test_the_bar_moves_after_every_warmup_chunk(adaptation, monkeypatch):
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
     run(adaptation, chunk_size=10)  # (the programs of the Ctrl-C tests' runs)
-    label = "warmup (each chain)" if "mclmc" in adaptation else "warmup (across chains)"
-    warmup = [n for desc, n in bars[0].updates if desc == label]
+    warmup = [n for desc, n in bars[0].updates if desc == label(adaptation)]
     # mclmc: chunks of 11 of its 33 steps, adjusted_mclmc: 15 of 45; 10 on the bar each
     assert warmup == [10, 10, 10]
     assert bars[0].n == bars[0].total == 40
 
 
-def test_a_tuner_is_one_step_on_the_bar(monkeypatch):
+def test_a_warmup_without_a_scan_is_one_step_on_the_bar(monkeypatch):
+    """A built adaptation whose ``run`` has no scan of its steps (here none at all) runs
+    as one step: the bar moves once."""
+    from blackjax.adaptation.base import AdaptationResults
+
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
-    tuned = cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="window_low_rank")
-    cr.run(tuned, jax.random.key(1), START, 10, num_warmup=30, chunk_size=12, **KW)
+
+    def run_(rng_key, position, num_steps):
+        state = blackjax.hmc.init(position, logdensity)
+        parameters = {"step_size": 0.5, "inverse_mass_matrix": jnp.ones(3),
+                      "num_integration_steps": 5}  # fmt: skip
+        return AdaptationResults(state, parameters), None
+
+    built = blackjax.base.AdaptationAlgorithm(run_)
+    tuned = cr.from_blackjax(blackjax.hmc, logdensity_fn=logdensity, adaptation=built)
+    trace = cr.run(tuned, jax.random.key(1), START, 10, num_warmup=30, chunk_size=12, **KW)
     assert [n for desc, n in bars[0].updates if desc == "warmup (each chain)"] == [30]
+    assert cr.adapted_parameters(trace)["step_size"].shape == (8,)
 
 
 def interrupted(adaptation, at, monkeypatch, **kw):
@@ -122,7 +149,7 @@ def test_ctrl_c_in_the_warmup_keeps_the_warmup_done(adaptation, monkeypatch):
         np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :20])
     params = cr.adapted_parameters(part)
     assert set(params) == set(cr.adapted_parameters(whole))
-    assert all(np.all(np.isfinite(v)) for v in params.values())
+    assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(params))
     # sampling on from it: the parameters adapted so far, the steps numbered on
     more = cr.run(kernel(adaptation), jax.random.key(1), part, 10, **KW)
     assert more.draws.shape == (8, 10, 3) and more.num_steps == 30
@@ -174,21 +201,23 @@ def logdensity(x):
     return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0, 0.3])) ** 2)
 
 adaptation, mode, path, out = sys.argv[1:]
-factory = {"chees": blackjax.dynamic_hmc, "mclmc": blackjax.mclmc,
+factory = {"chees": blackjax.dynamic_hmc, "mclmc": blackjax.mclmc, "window_low_rank": blackjax.hmc,
            "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}[adaptation]
-kernel = cr.from_blackjax(factory, logdensity_fn=logdensity, adaptation=adaptation)
+steps = {"num_integration_steps": 5} if adaptation == "window_low_rank" else {}
+kernel = cr.from_blackjax(factory, logdensity_fn=logdensity, adaptation=adaptation, **steps)
 start = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0
-keep = adaptation == "chees"
+keep = adaptation in ("chees", "window_low_rank")
 trace = cr.run(kernel, jax.random.key(1), start, 100, num_warmup=6000, keep_warmup=keep,
                chunk_size=100, mesh=cr.chain_mesh(2), progress=False, warn=False,
                checkpoint=path if mode == "checkpoint" else None)
 np.savez(out, draws=trace.draws, warmup=trace.warmup_draws if keep else np.zeros((8, 6000, 3)),
          resumed=trace.attrs.get("warmup_resumed_from_step", -1),
-         **{k: np.asarray(v) for k, v in cr.adapted_parameters(trace).items()})
+         **{str(i): np.asarray(v)
+            for i, v in enumerate(jax.tree.leaves(cr.adapted_parameters(trace)))})
 """
 
 
-@pytest.mark.parametrize("adaptation", ["chees", "mclmc", "adjusted_mclmc"])
+@pytest.mark.parametrize("adaptation", ["chees", "mclmc", "adjusted_mclmc", "window_low_rank"])
 def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(adaptation, tmp_path):
     import os
     import subprocess

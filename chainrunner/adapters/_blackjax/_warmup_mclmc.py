@@ -36,13 +36,16 @@ class PerChain(NamedTuple):
     ``carry``: before the first step; ``step(carry, (i, key)) -> (carry, None)``: step
     ``i`` (a ``lax.scan`` body); ``keys``: every step's key, in order;
     ``finish(carry, done) -> (sampler state, parameters)`` after ``done`` steps (the
-    parameters adapted so far when ``done`` is short of ``len(keys)``).
+    parameters adapted so far when ``done`` is short of ``len(keys)``); ``kept``:
+    ``None``, or ``kept(carry) -> (positions, stats)`` of every step (leading axis: the
+    steps), the warmup draws (``keep_warmup``).
     """
 
     carry: Any
     step: Callable
     keys: Any
     finish: Callable
+    kept: Callable | None = None
 
 
 class Phases(NamedTuple):

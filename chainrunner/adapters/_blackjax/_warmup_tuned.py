@@ -8,7 +8,12 @@ adaptations blackjax runs as one call per chain: ``window_adaptation_low_rank``,
 ``adjusted_mclmc_find_L_and_step_size`` with ``blackjax.adjusted_mclmc_dynamic``).
 
 One program runs the adaptation of every chain under ``shard_map``, batched like sampling
-(``_mesh.local_map``). Each chain gets its own parameters: they travel in its state
+(``_mesh.local_map``), a chunk of its steps per call (``chunk_program``): the MCLMC
+tuners as steps (``_warmup_mclmc``, ``_warmup_adjusted_mclmc``), the others as blackjax's
+own ``run`` cut around its scan (``split_family``, ``programs/_split``). A ``run``
+without such a scan runs whole, as one step (``tune_program``).
+
+Each chain gets its own parameters: they travel in its state
 (``Tuned.parameters``, a leading chain axis across chains), so padding, checkpoints,
 continued traces and ``final_state`` hold them like any state. Chain ``i``'s adaptation key
 is ``fold_in(init_key_i, 0)``, where ``init_key_i`` is chain ``i``'s init key
@@ -38,10 +43,11 @@ from ...core._kernel import (
 )
 from ...core._naming import info_stats
 from ...layout import _distributed, _mesh
+from ...programs import _split
 from ...programs._compile import compiled
 from ...programs._programs import chain_key_pair
 from ._warmup_adjusted_mclmc import adjusted_steps, total_steps
-from ._warmup_mclmc import mclmc_steps, phases
+from ._warmup_mclmc import PerChain, mclmc_steps, phases
 
 LABEL = "warmup (each chain)"  # the bar's, while the tuners run
 
@@ -222,35 +228,91 @@ def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: 
     return _mesh.shard_chains(body, mesh, num_chained=2, num_replicated=1)
 
 
-def chunk_program(family: Family, mesh: Any, batch_size: int | None,
-                  num_warmup: int) -> Callable:  # fmt: skip
-    """``(carry, state, chain, rng_key, first, count) -> (carry, Tuned state)``: tuning
-    steps ``first .. first + count - 1`` of every chain (``Family.steps``), sharded.
+def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: int,
+                  chunk: int, keep: bool = False) -> Callable:  # fmt: skip
+    """``(carry, state, chain, rng_key, first, count) -> (carry, Tuned state, kept)``:
+    tuning steps ``first .. first + count - 1`` of every chain (``Family.steps``), sharded.
 
-    The carry comes in and goes out split over ``'chain'``; at ``first=0`` its values are
-    unused (each chain starts from its ``Pending`` state). The tuned state holds the
-    parameters adapted so far. ``count`` is a run-time number: every chunk runs the one
-    program, so chunks of any length give the same bits (a scan of each length was
-    compiled apart, and XLA rounded the tuners' steps differently in some of them).
+    The carry comes in and goes out split over ``'chain'``; at ``first=0`` it is not read
+    (each chain starts from its ``Pending`` state: ``PerChain.carry``, computed in that
+    chunk only). The tuned state holds the parameters adapted so far. ``count`` is a
+    run-time number: every chunk runs the one program, so chunks of any length give the
+    same bits (a scan of each length was compiled apart, and XLA rounded the tuners'
+    steps differently in some of them). With ``keep``, ``kept`` is the warmup draws and
+    stats of ``chunk`` steps from ``min(first, length - chunk)`` (else ``None``).
     """
 
     def body(carry, state, chain, rng_key, first, count):
         def one(args):
             c, s, chain = args
             key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
-            steps = family.steps(key, s.state.position, num_warmup)
-            c = jax.tree.map(lambda fresh, old: jnp.where(first == 0, fresh, old), steps.carry, c)
+            position = s.state.position
+
+            def fresh():
+                return family.steps(key, position, num_warmup).carry
+
+            c = jax.lax.cond(first == 0, fresh, lambda: c)
+            steps = family.steps(key, position, num_warmup)
 
             def step(j, c):
                 i = first + j
-                return steps.step(c, (i, jax.lax.dynamic_index_in_dim(steps.keys, i, 0, False)))[0]
+                k = (
+                    None
+                    if steps.keys is None
+                    else jax.lax.dynamic_index_in_dim(steps.keys, i, 0, False)
+                )
+                return steps.step(c, (i, k))[0]
 
             c = jax.lax.fori_loop(0, count, step, c)
-            return c, Tuned(*steps.finish(c, first + count))
+            # strongly typed, as the same state read from a checkpoint (a literal in
+            # blackjax's parameters would be weakly typed: another sampling program)
+            tuned = jax.tree.map(strong, Tuned(*steps.finish(c, first + count)))
+            if not keep:
+                return c, tuned, None
+            at = jnp.minimum(first, family.length(num_warmup) - chunk)
+            kept = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, at, chunk), steps.kept(c))
+            return c, tuned, kept
 
         return _mesh.local_map(one, batch_size)((carry, state, chain))
 
     return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=3)
+
+
+def strong(x: Any) -> jax.Array:
+    """``x`` as a strongly typed array (of its dtype); a key array as it is."""
+    x = jnp.asarray(x)
+    return x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else jnp.asarray(x, x.dtype)
+
+
+def split_family(family: Family, rng_key: jax.Array, position: Any, num_warmup: int,
+                 keep: bool) -> Family | None:  # fmt: skip
+    """``family`` (a ``run_family``: blackjax's ``run`` as one call) as steps: its
+    ``run`` cut around its ``lax.scan`` of ``num_warmup`` steps (``_split``), or ``None``
+    where it has none. ``position``: one chain's (shapes will do)."""
+    key = jax.eval_shape(lambda k: jax.random.fold_in(chain_key_pair(k, jnp.uint32(0))[0], 0),
+                         rng_key)  # fmt: skip
+
+    def run(k, p):
+        return family.tune(k, p, num_warmup, keep)
+
+    cut = _split.split_scan(run, num_warmup, key, position)
+    if cut is None:
+        return None
+
+    def steps(rng_key, position, n):
+        def step(c, x):
+            return cut.step(c, x[0]), None
+
+        def finish(c, done):
+            return cut.finish(c, done)[:2]
+
+        def kept(c):
+            info = cut.finish(c, num_warmup)[2]
+            return info.state.position, jax.vmap(info_stats)(info.info)
+
+        return PerChain(cut.start(rng_key, position), step, None, finish, kept if keep else None)
+
+    return family._replace(tune=None, steps=steps, length=lambda n: n)
 
 
 def scaled_chunk(chunk: int, num_warmup: int, length: int) -> int:
@@ -279,7 +341,8 @@ def carry_like(family: Family, num_warmup: int, rng_key: jax.Array, state: Any) 
     """The shapes and dtypes of ``chunk_program``'s carry and tuned states (every chain)."""
 
     def one(s):
-        steps = family.steps(rng_key, s.state.position, num_warmup)
+        key = jax.random.fold_in(chain_key_pair(rng_key, jnp.uint32(0))[0], 0)
+        steps = family.steps(key, s.state.position, num_warmup)
         return steps.carry, Tuned(*steps.finish(steps.carry, 0))
 
     return jax.eval_shape(jax.vmap(one), state)
@@ -292,7 +355,7 @@ class TunedAdaptation(Adapter):
     ``"window_low_rank"``, ``"staged"``, ``"pathfinder"``, ``"mclmc"``,
     ``"adjusted_mclmc"``, blackjax's functions of those names, or a built
     ``AdaptationAlgorithm``. ``cr.run`` initialises the chains, runs every chain's warmup
-    in one program over the mesh (``cross_chain_warmup``: a warmup before sampling, per
+    over the mesh in chunks (``cross_chain_warmup``: a warmup before sampling, per
     chain), then samples each chain with its own parameters (in ``Tuned.parameters``;
     ``cr.adapted_parameters(trace)`` reads them with a leading chain axis).
 
@@ -334,8 +397,8 @@ class TunedAdaptation(Adapter):
         return self._kernel
 
     def cross_chain_warmup(self, request: WarmupRequest) -> WarmupChunks:
-        """Tunes every chain (padding ones too, discarded later), as one step of ``run``'s
-        warmup: blackjax's tuners run their steps in one call."""
+        """Tunes every chain (padding ones too, discarded later), in chunks of steps; a
+        built adaptation whose ``run`` has no scan of its steps as one step."""
         r = request
         if r.keep_warmup and not self.family.keeps_warmup:
             raise ValueError(
@@ -343,20 +406,25 @@ class TunedAdaptation(Adapter):
                 "warmup draws (blackjax's tuner gives only its final state); pass "
                 "keep_warmup=False."
             )
-        if self.family.steps is None:
+        family = self.family
+        if family.steps is None:  # blackjax's run, cut around its scan where it has one
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                                r.state.state.position)  # fmt: skip
+            family = split_family(family, r.rng_key, like, r.num_warmup, bool(r.keep_warmup))
+        if family is None:
             return WarmupChunks.whole(r.num_warmup, lambda: self._tune(r), LABEL)
-        return self._chunks(r)
+        return self._chunks(r, family)
 
-    def _chunks(self, r: WarmupRequest) -> WarmupChunks:
+    def _chunks(self, r: WarmupRequest, family: Family) -> WarmupChunks:
         """The tuning in chunks (``Family.steps``): ``((carry, tuned state), ...)``."""
-        family, mesh = self.family, r.mesh
+        mesh, keep = r.mesh, bool(r.keep_warmup)
         length = family.length(r.num_warmup)
         padded = int(jax.tree.leaves(r.state)[0].shape[0])
         b, _ = _mesh.auto_batch_size(r.batch_size, mesh, r.num_chains)
         chains = _mesh.place(_mesh.chain_ids(r.num_chains, padded), mesh)
         key = _mesh.replicate(r.rng_key, mesh)
         chunk = scaled_chunk(r.chunk_size or r.num_warmup, r.num_warmup, length)
-        program = chunk_program(family, mesh, b, r.num_warmup)
+        program = chunk_program(family, mesh, b, r.num_warmup, chunk, keep)
 
         def start() -> Any:  # numpy zeros, placed: no program compiled for them
             like = carry_like(family, r.num_warmup, r.rng_key, r.state)
@@ -371,7 +439,13 @@ class TunedAdaptation(Adapter):
             return compiled("warmup", program, arguments(start(), 0, chunk))[0]
 
         def step(carry: Any, first: int, count: int) -> tuple:
-            return executable()(*arguments(carry, first, count)), None, None
+            c, tuned, kept = executable()(*arguments(carry, first, count))
+            if kept is None:
+                return (c, tuned), None, None
+            at = first - min(first, length - chunk)  # the chunk's first row in ``kept``
+            kept = jax.tree.map(lambda x: x[: r.num_chains, at : at + count],
+                                _distributed.to_host(kept))  # fmt: skip
+            return (c, tuned), *kept
 
         def finish(carry: Any) -> CrossChainWarmup:
             return CrossChainWarmup(carry[1], self._kernel, None, None,
