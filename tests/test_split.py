@@ -95,3 +95,18 @@ def test_calls_it_cannot_cut_are_none():
 
     for fn in (no_scan, other_length, reversed_scan, with_a_callback):
         assert split_scan(fn, 12, x) is None, fn.__name__
+
+
+def test_the_carry_holds_only_what_depends_on_the_arguments_and_is_read():
+    """The constant the steps read, the step numbers (``arange``) and the per-step output
+    nothing reads stay out of the carry: each chain would hold a copy, and checkpoints
+    write it."""
+    key, x = jax.random.key(0), jnp.arange(3.0)
+    carry = split_scan(call, 12, key, x).start(key, x)
+    shapes = [(str(c.dtype), tuple(c.shape)) for c in carry]
+    assert ("float32", (7,)) not in shapes  # DATA
+    assert ("int32", (12,)) not in shapes  # the steps' numbers, and their output "i"
+    assert shapes.count(("float32", (12, 3))) == 1  # the per-step "y" the finishing reads
+    # the keys; y and total (the scan's carry: JAX makes "fixed", never changed, one of
+    # its constants); the buffer
+    assert len(carry) == 4

@@ -99,17 +99,6 @@ def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
     assert_same(run(adaptation, chunk_size=7, thinning=2), whole, thinned=True)
 
 
-@pytest.mark.parametrize("adaptation", ADAPTATIONS)
-def test_the_bar_moves_after_every_warmup_chunk(adaptation, monkeypatch):
-    bars = []
-    monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
-    run(adaptation, chunk_size=10)  # (the programs of the Ctrl-C tests' runs)
-    warmup = [n for desc, n in bars[0].updates if desc == label(adaptation)]
-    # mclmc: chunks of 11 of its 33 steps, adjusted_mclmc: 15 of 45; 10 on the bar each
-    assert warmup == [10, 10, 10]
-    assert bars[0].n == bars[0].total == 40
-
-
 def test_a_warmup_without_a_scan_is_one_step_on_the_bar(monkeypatch):
     """A built adaptation whose ``run`` has no scan of its steps (here none at all) runs
     as one step: the bar moves once."""
@@ -139,23 +128,6 @@ def interrupted(adaptation, at, monkeypatch, **kw):
     return trace
 
 
-@pytest.mark.parametrize("adaptation", ADAPTATIONS)
-def test_ctrl_c_in_the_warmup_keeps_the_warmup_done(adaptation, monkeypatch):
-    whole = run(adaptation, chunk_size=10)
-    part = interrupted(adaptation, 2, monkeypatch, chunk_size=10)  # after the second chunk
-    assert part.attrs["interrupted"] is True and part.attrs["warmup_steps_done"] == 20
-    assert part.draws.shape == (8, 0, 3) and part.num_steps == 20
-    if keeps(adaptation):
-        np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :20])
-    params = cr.adapted_parameters(part)
-    assert set(params) == set(cr.adapted_parameters(whole))
-    assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(params))
-    # sampling on from it: the parameters adapted so far, the steps numbered on
-    more = cr.run(kernel(adaptation), jax.random.key(1), part, 10, **KW)
-    assert more.draws.shape == (8, 10, 3) and more.num_steps == 30
-    assert np.all(np.isfinite(more.draws))
-
-
 def test_ctrl_c_in_the_first_warmup_chunk_stops_the_run(monkeypatch):
     from chainrunner.adapters._blackjax import _warmup_sharded
 
@@ -169,12 +141,32 @@ def test_ctrl_c_in_the_first_warmup_chunk_stops_the_run(monkeypatch):
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
-def test_ctrl_c_in_the_warmup_then_the_same_call_resumes_it_bit_for_bit(
+def test_the_bar_moves_ctrl_c_keeps_the_warmup_and_the_same_call_resumes_it(
     adaptation, monkeypatch, tmp_path
 ):
+    """One warmup watched, stopped by Ctrl-C after its second chunk of three, sampled on
+    from, and resumed bit for bit from its checkpoint (one test: the same programs)."""
+    bars = []
+    monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
     whole = run(adaptation, chunk_size=10)
+    monkeypatch.undo()
+    # the bar: mclmc in chunks of 11 of its 33 steps, adjusted_mclmc 15 of 45; 10 each
+    assert [n for desc, n in bars[0].updates if desc == label(adaptation)] == [10, 10, 10]
+    assert bars[0].n == bars[0].total == 40
+
     part = interrupted(adaptation, 2, monkeypatch, chunk_size=10, checkpoint=tmp_path)
-    assert part.attrs["warmup_steps_done"] == 20
+    assert part.attrs["interrupted"] is True and part.attrs["warmup_steps_done"] == 20
+    assert part.draws.shape == (8, 0, 3) and part.num_steps == 20
+    if keeps(adaptation):
+        np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :20])
+    params = cr.adapted_parameters(part)
+    assert set(params) == set(cr.adapted_parameters(whole))
+    assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(params))
+    # sampling on from it: the parameters adapted so far, the steps numbered on
+    more = cr.run(kernel(adaptation), jax.random.key(1), part, 10, **KW)
+    assert more.draws.shape == (8, 10, 3) and more.num_steps == 30
+    assert np.all(np.isfinite(more.draws))
+
     resumed = run(adaptation, chunk_size=10, checkpoint=tmp_path)
     assert resumed.attrs["warmup_resumed_from_step"] == 20
     assert_same(resumed, whole)

@@ -75,12 +75,13 @@ def starting_point(plan: Plan, adapter: Adapter, initial_position: Any) -> Start
                       previous.attrs.get("batch_size"), chunk)  # fmt: skip
     else:
         if adapter.needs_warmup and plan.num_warmup == 0:
+            name = getattr(getattr(adapter, "sampler", adapter), "name", "window")
             raise ValueError(
-                "run: num_warmup=0, but this kernel adapts its step size and mass matrix "
-                "during warmup (adaptation='window'): with no warmup it would sample at its "
-                "initial step size and an identity mass matrix, never adapted. Pass "
-                "num_warmup > 0 (e.g. 1000); to sample at fixed values, pass the algorithm "
-                "itself (blackjax.nuts(logdensity_fn, step_size, inverse_mass_matrix))."
+                "run: num_warmup=0, but this kernel adapts its parameters (step size, mass "
+                f"matrix, ...) during warmup (adaptation={name!r}): with no warmup they "
+                "would never be adapted. Pass num_warmup > 0 (e.g. 1000); to sample at "
+                "fixed values, pass the algorithm itself (blackjax.nuts(logdensity_fn, "
+                "step_size, inverse_mass_matrix))."
             )
         kernel = _this_call(adapter.build_kernel(num_warmup=plan.num_warmup))
         if initial_position is not None:

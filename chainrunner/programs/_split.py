@@ -93,14 +93,19 @@ def split_scan(fn: Callable, length: int, *args: Any) -> Split | None:
 
 
 class _Plan(NamedTuple):
-    """Where a cut call's values are: ``names``, the variables computed from the
-    arguments that the carry holds (then the scan's carry, then its per-step outputs);
-    ``static``, the items that compute the values that depend on no argument."""
+    """Where a cut call's values are. ``names``: the variables computed from the
+    arguments that the carry holds (then the scan's carry, then the per-step outputs
+    ``ys`` of the scan, the indices of those read after it). ``static``: the items
+    computing the values that depend on no argument. ``after``: the items after the scan
+    that the outputs need."""
 
     jaxpr: Any
-    cut: _Cut
+    before: list
+    scan: Any
     static: list
     names: list
+    ys: list
+    after: list
     n_consts: int
     n_carry: int
     out_tree: Any
@@ -110,21 +115,35 @@ class _Plan(NamedTuple):
 def _plan(jaxpr: Any, cut: _Cut, counts: tuple[int, int], out_tree: Any, length: int) -> _Plan:
     n_consts, n_carry = counts
     operands = list(cut.scan.invars)
-    dynamic = _dynamic(jaxpr.invars, cut.before)
-    static = [item for item in cut.before if not set(_writes(item)) & dynamic]
-    later = set(_reads(cut.after)) | {v for v in jaxpr.outvars if not _literal(v)}
+    after, later = _needed(cut.after, [v for v in jaxpr.outvars if not _literal(v)])
     scanned = {v for v in operands[:n_consts] + operands[n_consts + n_carry :] if not _literal(v)}
+    dynamic = _dynamic(jaxpr.invars, cut.before)
+    static = [item for item in cut.before if not any(v in dynamic for v in _sources(item))]
+    static, _ = _needed(static, scanned | later)
     names = [v for v in _written(cut.before, jaxpr.invars) if v in dynamic and v in later | scanned]
-    return _Plan(jaxpr, cut, static, names, n_consts, n_carry, out_tree, length)
+    ys = [j for j, v in enumerate(cut.scan.outvars[n_carry:]) if v in later]
+    return _Plan(jaxpr, cut.before, cut.scan, static, names, ys, after, n_consts, n_carry,
+                 out_tree, length)  # fmt: skip
+
+
+def _needed(items: list, outputs: Any) -> tuple[list, set]:
+    """The items that ``outputs`` need (in order), and the variables they read with
+    ``outputs``."""
+    needed, kept = set(outputs), []
+    for item in reversed(items):
+        if set(_writes(item)) & needed:
+            kept.append(item)
+            needed.update(_sources(item))
+    return kept[::-1], needed
 
 
 def _start(plan: _Plan, *values: Any) -> list:
     """The carry before the first step: the set-up run on the arguments."""
     env = dict(zip(plan.jaxpr.invars, jax.tree.leaves(values), strict=True))
-    env = _evaluate(plan.cut.before, env)
-    scan = plan.cut.scan
-    inits = scan.invars[plan.n_consts : plan.n_consts + plan.n_carry]
-    ys = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in scan.outvars[plan.n_carry :]]
+    env = _evaluate(plan.before, env)
+    inits = plan.scan.invars[plan.n_consts : plan.n_consts + plan.n_carry]
+    outs = plan.scan.outvars[plan.n_carry :]
+    ys = [jnp.zeros(outs[j].aval.shape, outs[j].aval.dtype) for j in plan.ys]
     return [env[v] for v in plan.names] + [_read(env, v) for v in inits] + ys
 
 
@@ -133,7 +152,7 @@ def _unpack(plan: _Plan, carry: list) -> tuple[dict, list, list, list, list]:
     env = _evaluate(plan.static, {})
     k, n_consts, n_carry = len(plan.names), plan.n_consts, plan.n_carry
     env.update(zip(plan.names, carry[:k], strict=True))
-    operands = plan.cut.scan.invars
+    operands = plan.scan.invars
     consts = [_read(env, v) for v in operands[:n_consts]]
     xs = [_read(env, v) for v in operands[n_consts + n_carry :]]
     return env, carry[k : k + n_carry], consts, xs, carry[k + n_carry :]
@@ -143,8 +162,8 @@ def _step(plan: _Plan, carry: list, i: Any) -> list:
     """The carry after step ``i`` (the scan's body on row ``i`` of its ``xs``)."""
     _, scan_carry, consts, xs, ys = _unpack(plan, carry)
     row = [jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False) for x in xs]
-    out = jax.extend.core.jaxpr_as_fun(plan.cut.scan.params["jaxpr"])(*consts, *scan_carry, *row)
-    new, y = list(out[: plan.n_carry]), out[plan.n_carry :]
+    out = jax.extend.core.jaxpr_as_fun(plan.scan.params["jaxpr"])(*consts, *scan_carry, *row)
+    new, y = list(out[: plan.n_carry]), [out[plan.n_carry + j] for j in plan.ys]
     ys = [jax.lax.dynamic_update_index_in_dim(b, v, i, 0) for b, v in zip(ys, y, strict=True)]
     return carry[: len(plan.names)] + new + ys
 
@@ -153,11 +172,13 @@ def _finish(plan: _Plan, carry: list, done: Any) -> Any:
     """The call's outputs after ``done`` steps (the per-step outputs past them read as
     the last one done)."""
     env, scan_carry, _, _, ys = _unpack(plan, carry)
-    rows = jnp.clip(jnp.arange(plan.length), 0, jnp.maximum(done, 1) - 1)
-    for var, value in zip(plan.cut.scan.outvars, [*scan_carry, *(b[rows] for b in ys)],
-                          strict=True):  # fmt: skip
+    for var, value in zip(plan.scan.outvars, scan_carry, strict=False):
         _write(env, var, value)
-    env = _evaluate(plan.cut.after, env)
+    rows = jnp.clip(jnp.arange(plan.length), 0, jnp.maximum(done, 1) - 1)
+    outs = plan.scan.outvars[plan.n_carry :]
+    for j, buffer in zip(plan.ys, ys, strict=True):
+        _write(env, outs[j], buffer[rows])
+    env = _evaluate(plan.after, env)
     return jax.tree.unflatten(plan.out_tree, [_read(env, v) for v in plan.jaxpr.outvars])
 
 
@@ -186,11 +207,16 @@ def _path(jaxpr: Any, length: int) -> list[int] | None:
         name = eqn.primitive.name
         if name == "scan" and eqn.params["length"] == length and not eqn.params["reverse"]:
             return [i]
-        if name in _CALLS and "jaxpr" in eqn.params:
-            inner = _path(_open(eqn.params["jaxpr"])[0], length)
+        if name in _CALLS and _called(eqn) is not None:
+            inner = _path(_open(_called(eqn))[0], length)
             if inner is not None:
                 return [i, *inner]
     return None
+
+
+def _called(eqn: Any) -> Any:
+    """The jaxpr a call equation calls (``jit``: ``jaxpr``; ``closed_call``: ``call_jaxpr``)."""
+    return eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
 
 
 def _open(call: Any) -> tuple[Any, Sequence]:
@@ -210,10 +236,13 @@ def _cut(jaxpr: Any, consts: Sequence, path: list[int]) -> _Cut:
     if len(path) == 1:
         return _Cut(before, eqns[i], after)
     call = eqns[i]
-    inner_jaxpr, inner_consts = _open(call.params["jaxpr"])
+    inner_jaxpr, inner_consts = _open(_called(call))
     inner = _cut(inner_jaxpr, inner_consts, path[1:])
-    before += [("bind", list(inner_jaxpr.invars), list(call.invars)), *inner.before]
-    after = [*inner.after, ("bind", list(call.outvars), list(inner_jaxpr.outvars)), *after]
+    # one binding per variable, so that each one's dependence on the arguments is its own
+    entering = zip(inner_jaxpr.invars, call.invars, strict=True)
+    leaving = zip(call.outvars, inner_jaxpr.outvars, strict=True)
+    before += [*(("bind", [t], [s]) for t, s in entering), *inner.before]
+    after = [*inner.after, *(("bind", [t], [s]) for t, s in leaving), *after]
     return _Cut(before, inner.scan, after)
 
 

@@ -33,7 +33,8 @@ from jax.flatten_util import ravel_pytree
 class PerChain(NamedTuple):
     """One chain's warmup as its steps.
 
-    ``carry``: before the first step; ``step(carry, (i, key)) -> (carry, None)``: step
+    ``carry``: before the first step (or a function of no argument that gives it, traced
+    only where the first chunk computes it); ``step(carry, (i, key)) -> (carry, None)``: step
     ``i`` (a ``lax.scan`` body); ``keys``: every step's key, in order;
     ``finish(carry, done) -> (sampler state, parameters)`` after ``done`` steps (the
     parameters adapted so far when ``done`` is short of ``len(keys)``); ``kept``:

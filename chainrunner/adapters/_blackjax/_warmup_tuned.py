@@ -249,7 +249,7 @@ def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup:
             position = s.state.position
 
             def fresh():
-                return family.steps(key, position, num_warmup).carry
+                return first_carry(family.steps(key, position, num_warmup))
 
             c = jax.lax.cond(first == 0, fresh, lambda: c)
             steps = family.steps(key, position, num_warmup)
@@ -278,6 +278,12 @@ def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup:
     return _mesh.shard_chains(body, mesh, num_chained=3, num_replicated=3)
 
 
+def first_carry(steps: PerChain) -> Any:
+    """A chain's carry before its first step (``PerChain.carry``, or what its function
+    gives)."""
+    return steps.carry() if callable(steps.carry) else steps.carry
+
+
 def strong(x: Any) -> jax.Array:
     """``x`` as a strongly typed array (of its dtype); a key array as it is."""
     x = jnp.asarray(x)
@@ -292,8 +298,9 @@ def split_family(family: Family, rng_key: jax.Array, position: Any, num_warmup: 
     key = jax.eval_shape(lambda k: jax.random.fold_in(chain_key_pair(k, jnp.uint32(0))[0], 0),
                          rng_key)  # fmt: skip
 
-    def run(k, p):
-        return family.tune(k, p, num_warmup, keep)
+    def run(k, p):  # the warmup draws (blackjax's info) only where kept
+        state, parameters, info = family.tune(k, p, num_warmup, keep)
+        return (state, parameters, info) if keep else (state, parameters)
 
     cut = _split.split_scan(run, num_warmup, key, position)
     if cut is None:
@@ -310,7 +317,8 @@ def split_family(family: Family, rng_key: jax.Array, position: Any, num_warmup: 
             info = cut.finish(c, num_warmup)[2]
             return info.state.position, jax.vmap(info_stats)(info.info)
 
-        return PerChain(cut.start(rng_key, position), step, None, finish, kept if keep else None)
+        start = functools.partial(cut.start, rng_key, position)  # traced where it runs
+        return PerChain(start, step, None, finish, kept if keep else None)
 
     return family._replace(tune=None, steps=steps, length=lambda n: n)
 
@@ -343,7 +351,8 @@ def carry_like(family: Family, num_warmup: int, rng_key: jax.Array, state: Any) 
     def one(s):
         key = jax.random.fold_in(chain_key_pair(rng_key, jnp.uint32(0))[0], 0)
         steps = family.steps(key, s.state.position, num_warmup)
-        return steps.carry, Tuned(*steps.finish(steps.carry, 0))
+        carry = first_carry(steps)
+        return carry, Tuned(*steps.finish(carry, 0))
 
     return jax.eval_shape(jax.vmap(one), state)
 
@@ -361,6 +370,7 @@ class TunedAdaptation(Adapter):
 
     Attributes:
         family: how the adaptation tunes a chain and builds its sampler.
+        name: the adaptation's name (``family.name``).
 
     Examples:
         >>> import blackjax, jax, jax.numpy as jnp
@@ -377,7 +387,7 @@ class TunedAdaptation(Adapter):
     needs_warmup = True
 
     def __init__(self, family: Family, logdensity_fn: Callable):
-        self.family = family
+        self.family, self.name = family, family.name
         self._kernel = tuned_kernel(family, logdensity_fn)
 
     def __repr__(self) -> str:
