@@ -237,5 +237,5 @@ def test_hmc_with_its_steps_and_the_same_object():
                          num_integration_steps=8)  # fmt: skip
     trace = cr.run(a, jax.random.key(0), X0, 20, num_warmup=40, progress=False)
     assert np.isfinite(np.asarray(trace.draws)).all()
-    with pytest.raises(ValueError, match="num_warmup=0.*adaptation='window_low_rank'"):
+    with pytest.raises(ValueError, match=r"num_warmup=0.*adaptation='window_low_rank'"):
         cr.run(a, jax.random.key(0), X0, 20, progress=False)
