@@ -105,6 +105,8 @@ DIVIDED = [
     "test_pymc.py::test_posterior_means_match_pm_sample",
     "test_adaptations.py::test_matches_blackjax_own_run_per_chain",
     "test_adaptations.py::test_the_mclmc_tuners_steps_are_blackjaxs_passes",
+    # blackjax's one-call warmups in chunks (their cut: test_split.py, under both)
+    "test_warmup_chunks.py::test_a_one_call_warmup_in_chunks",
     # each warmup's Ctrl-C and resume, bitwise, runs under both (test_warmup_chunks)
     "test_warmup_chunks.py::test_sigkill_in_the_warmup_then_resume_equals_uninterrupted",
 ]

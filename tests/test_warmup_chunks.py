@@ -74,7 +74,7 @@ def assert_same(a, b, thinned=False):
 
 # The MCLMC tuners' steps for num_warmup=30: mclmc 33 (blackjax rounds its phases:
 # 10 + 10, 3, 10), adjusted_mclmc 45 (15 + 15, then 15 again)
-ADAPTATIONS = ["chees", "meads", "pooled", "mclmc", "adjusted_mclmc", *ONE_CALL]
+ADAPTATIONS = ["chees", "meads", "pooled", "mclmc", "adjusted_mclmc"]
 
 
 def label(adaptation):
@@ -90,9 +90,6 @@ def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
         assert whole.warmup_draws.shape == (8, 30, 3)
     if not keeps(adaptation):  # chunks of 8 of 33 and 8 of 45 steps, then the rest
         assert_same(run(adaptation, chunk_size=7), whole)
-        return
-    if adaptation in ONE_CALL:  # one program for any chunk (the other tests' chunks)
-        assert_same(run(adaptation, chunk_size=10), whole)
         return
     # chunks of 7 draws of 2 steps: 14, 14, then one of 2; the warmup draws every second
     # step's
@@ -146,6 +143,23 @@ def test_the_bar_moves_ctrl_c_keeps_the_warmup_and_the_same_call_resumes_it(
 ):
     """One warmup watched, stopped by Ctrl-C after its second chunk of three, sampled on
     from, and resumed bit for bit from its checkpoint (one test: the same programs)."""
+    watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path)
+
+
+@pytest.mark.parametrize("adaptation", ONE_CALL)
+def test_a_one_call_warmup_in_chunks(adaptation, monkeypatch, tmp_path):
+    """blackjax's one-call warmups, cut around their scan: in chunks the warmup in one
+    chunk bit for bit, watched, stopped and resumed. (The cut itself is tested under both
+    Pythons in test_split.py; each of the three runs here under one: ``DIVIDED``.)"""
+    whole = run(adaptation, chunk_size=30)
+    assert whole.warmup_draws.shape == (8, 30, 3)
+    assert_same(watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path), whole)
+
+
+def watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path):
+    """The warmup in chunks of 10 of 30: the bar moves after each, Ctrl-C after the
+    second keeps it, sampling goes on from it, and the same call resumes it bit for bit;
+    the uninterrupted run."""
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
     whole = run(adaptation, chunk_size=10)
@@ -173,6 +187,7 @@ def test_the_bar_moves_ctrl_c_keeps_the_warmup_and_the_same_call_resumes_it(
     again = run(adaptation, chunk_size=10, checkpoint=tmp_path)  # all on disk: nothing runs
     assert again.attrs["warmup_resumed_from_step"] == 30 and again.attrs["resumed_from_draw"] == 10
     assert_same(again, whole)
+    return whole
 
 
 def test_a_warmup_checkpoint_of_another_model_is_refused(monkeypatch, tmp_path):
