@@ -4,8 +4,8 @@
 (``_warmup_mclmc``, ``_warmup_adjusted_mclmc``) so that ``run`` can drive them in chunks;
 ``"window_low_rank"``, ``"staged"`` and ``"pathfinder"`` (with NUTS) run blackjax's own
 ``run`` cut around its scan (``programs/_split``; pathfinder only with ``--only``).
-This script measures what the step form costs against blackjax's own call (``mclmc_find_L_and_step_size``, ...,
-``AdaptationAlgorithm.run``): both ``jit(vmap(...))`` over 64 chains of a 20-d
+This script measures what the step form costs against blackjax's own call
+(``mclmc_find_L_and_step_size``, ..., ``AdaptationAlgorithm.run``): both ``jit(vmap(...))`` over 64 chains of a 20-d
 correlated Gaussian, on one device, the tuning of ``num_warmup=1000`` (blackjax's
 ``num_steps`` as chainrunner passes it):
 
