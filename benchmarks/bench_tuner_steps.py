@@ -5,8 +5,8 @@
 ``"window_low_rank"``, ``"staged"`` and ``"pathfinder"`` (with NUTS) run blackjax's own
 ``run`` cut around its scan (``programs/_split``; pathfinder only with ``--only``).
 This script measures what the step form costs against blackjax's own call
-(``mclmc_find_L_and_step_size``, ..., ``AdaptationAlgorithm.run``): both ``jit(vmap(...))`` over 64 chains of a 20-d
-correlated Gaussian, on one device, the tuning of ``num_warmup=1000`` (blackjax's
+(``mclmc_find_L_and_step_size``, ..., ``AdaptationAlgorithm.run``): both
+``jit(vmap(...))`` over 64 chains of a 20-d correlated Gaussian, on one device, the tuning of ``num_warmup=1000`` (blackjax's
 ``num_steps`` as chainrunner passes it):
 
 - **compile**: lowering and compiling each program, seconds;
