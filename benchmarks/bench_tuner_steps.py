@@ -6,8 +6,8 @@
 ``run`` cut around its scan (``programs/_split``; pathfinder only with ``--only``).
 This script measures what the step form costs against blackjax's own call
 (``mclmc_find_L_and_step_size``, ..., ``AdaptationAlgorithm.run``): both
-``jit(vmap(...))`` over 64 chains of a 20-d correlated Gaussian, on one device, the tuning of ``num_warmup=1000`` (blackjax's
-``num_steps`` as chainrunner passes it):
+``jit(vmap(...))`` over 64 chains of a 20-d correlated Gaussian, on one device, the
+tuning of ``num_warmup=1000`` (blackjax's ``num_steps`` as chainrunner passes it):
 
 - **compile**: lowering and compiling each program, seconds;
 - **run**: one call of the compiled program, the median of ``--reps`` (default 5; the results: 15),
