@@ -210,6 +210,18 @@ def tuned_kernel(family: Family, logdensity_fn: Callable) -> Kernel:
     return Kernel(init=init, step=step, extract=extract, logdensity=logdensity)
 
 
+def adaptation_key(rng_key: jax.Array, chain: Any) -> jax.Array:
+    """Chain ``chain``'s adaptation key: ``fold_in(init_key, 0)`` of its init key (the
+    module's docstring).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> adaptation_key(jax.random.key(0), jnp.uint32(3)).shape
+        ()
+    """
+    return jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
+
+
 def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: int,
                  keep: bool) -> Callable:  # fmt: skip
     """``(state, chain, rng_key) -> (Tuned state, info)``: every chain's warmup, sharded."""
@@ -217,7 +229,7 @@ def tune_program(family: Family, mesh: Any, batch_size: int | None, num_warmup: 
     def body(state, chain, rng_key):
         def one(args):
             s, chain = args
-            key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
+            key = adaptation_key(rng_key, chain)
             new, parameters, info = family.tune(key, s.state.position, num_warmup, keep)
             if not keep:
                 return Tuned(new, parameters), None
@@ -245,7 +257,7 @@ def chunk_program(family: Family, mesh: Any, batch_size: int | None, num_warmup:
     def body(carry, state, chain, rng_key, first, count):
         def one(args):
             c, s, chain = args
-            key = jax.random.fold_in(chain_key_pair(rng_key, chain)[0], 0)
+            key = adaptation_key(rng_key, chain)
             position = s.state.position
 
             def fresh():
@@ -295,8 +307,7 @@ def split_family(family: Family, rng_key: jax.Array, position: Any, num_warmup: 
     """``family`` (a ``run_family``: blackjax's ``run`` as one call) as steps: its
     ``run`` cut around its ``lax.scan`` of ``num_warmup`` steps (``_split``), or ``None``
     where it has none. ``position``: one chain's (shapes will do)."""
-    key = jax.eval_shape(lambda k: jax.random.fold_in(chain_key_pair(k, jnp.uint32(0))[0], 0),
-                         rng_key)  # fmt: skip
+    key = jax.eval_shape(lambda k: adaptation_key(k, jnp.uint32(0)), rng_key)
 
     def run(k, p):  # the warmup draws (blackjax's info) only where kept
         state, parameters, info = family.tune(k, p, num_warmup, keep)
@@ -349,7 +360,7 @@ def carry_like(family: Family, num_warmup: int, rng_key: jax.Array, state: Any) 
     """The shapes and dtypes of ``chunk_program``'s carry and tuned states (every chain)."""
 
     def one(s):
-        key = jax.random.fold_in(chain_key_pair(rng_key, jnp.uint32(0))[0], 0)
+        key = adaptation_key(rng_key, jnp.uint32(0))
         steps = family.steps(key, s.state.position, num_warmup)
         carry = first_carry(steps)
         return carry, Tuned(*steps.finish(carry, 0))
