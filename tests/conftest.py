@@ -32,9 +32,9 @@ def rng():
     return np.random.default_rng(0)
 
 
-# A script the multi-host tests run in subprocesses, not a test module (it would run on
-# import under --doctest-modules).
-collect_ignore = ["multihost_worker.py"]
+# Scripts the tests run in subprocesses (multi-host; a run killed in its warmup), not test
+# modules (they would run on import under --doctest-modules).
+collect_ignore = ["multihost_worker.py", "warmup_run.py"]
 
 
 # CI runs the suite twice (Python 3.11: jax 0.10, arviz 0.x; Python 3.12: jax 0.12,

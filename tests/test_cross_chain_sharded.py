@@ -1,6 +1,6 @@
 """ChEES and MEADS with the chains spread over the devices (the default layout).
 
-The layout's promises: bitwise the same results on 1, 2, 3 and 8 devices and with or
+The layout's promises: bitwise the same results on 1, 3 and 8 devices and with or
 without padding chains (same batch width); blackjax's own algorithm (bitwise equal to
 ``layout="replicated"``, blackjax's ``run``, when the widths match); correct sampling.
 """
@@ -65,8 +65,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize("adaptation", ["chees", "meads"])
 def test_bitwise_on_1_3_8_devices_and_padding(adaptation):
     # 12 chains: 12 per device on 1, 4 on 3, 2 on 8 (+4 padding chains), in batches of 2
-    # (auto: an eighth): one batch per device on 8. (6 chains on 8 devices, one each,
-    # and 2 devices: tests/test_warmup.py::test_cross_chain_padding_is_masked_and_layout_free.)
+    # (auto: an eighth): one batch per device on 8.
     one = run(adaptation, 1)
     assert "sharded" == kernel(adaptation).options["layout"]  # the default
     assert one.warmup_draws.shape == (12, 40, 3)

@@ -147,17 +147,7 @@ def cross_chain_step_size(obj, num_devices, **kw):
     return trace, trace.attrs["adapted_step_size"]
 
 
-@pytest.mark.parametrize("obj", [CHEES, MEADS], ids=["chees", "meads"])
-def test_cross_chain_padding_is_masked_and_layout_free(obj):
-    padded, s8 = cross_chain_step_size(obj, 8)  # 6 chains + 2 padding chains
-    assert padded.attrs["padded_chains"] == 2
-    for d in (3, 2):  # no padding: the default (sharded) warmup is bitwise the same
-        _, s = cross_chain_step_size(obj, d)
-        assert s == s8
-    again, s_again = cross_chain_step_size(obj, 8)
-    assert s_again == s8
-    np.testing.assert_array_equal(again.draws, padded.draws)
-    assert padded.draws.shape == (6, 10, 3)
+# (bitwise on 1, 3 and 8 devices, with padding chains: tests/test_cross_chain_sharded.py)
 
 
 def test_cross_chain_is_not_naive_per_device_adaptation():

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import warmup_run
 from interrupting import InterruptingBar, Recorder, kill_when_written
 
 import chainrunner as cr
@@ -83,19 +84,6 @@ def label(adaptation):
     return "warmup (each chain)" if per_chain else "warmup (across chains)"
 
 
-@pytest.mark.parametrize("adaptation", ADAPTATIONS)
-def test_a_warmup_in_chunks_is_the_warmup_in_one_bit_for_bit(adaptation):
-    whole = run(adaptation, chunk_size=30)
-    if keeps(adaptation):
-        assert whole.warmup_draws.shape == (8, 30, 3)
-    if not keeps(adaptation):  # chunks of 8 of 33 and 8 of 45 steps, then the rest
-        assert_same(run(adaptation, chunk_size=7), whole)
-        return
-    # chunks of 7 draws of 2 steps: 14, 14, then one of 2; the warmup draws every second
-    # step's
-    assert_same(run(adaptation, chunk_size=7, thinning=2), whole, thinned=True)
-
-
 def test_a_warmup_without_a_scan_is_one_step_on_the_bar(monkeypatch):
     """A built adaptation whose ``run`` has no scan of its steps (here none at all) runs
     as one step: the bar moves once."""
@@ -138,12 +126,20 @@ def test_ctrl_c_in_the_first_warmup_chunk_stops_the_run(monkeypatch):
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATIONS)
-def test_the_bar_moves_ctrl_c_keeps_the_warmup_and_the_same_call_resumes_it(
+def test_in_chunks_the_bar_moves_ctrl_c_keeps_the_warmup_and_the_same_call_resumes_it(
     adaptation, monkeypatch, tmp_path
 ):
     """One warmup watched, stopped by Ctrl-C after its second chunk of three, sampled on
-    from, and resumed bit for bit from its checkpoint (one test: the same programs)."""
-    watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path)
+    from, and resumed bit for bit from its checkpoint (one test: the same programs); in
+    other chunks, bit for bit the same warmup."""
+    whole = watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path)  # chunks of 10
+    if keeps(adaptation):
+        assert whole.warmup_draws.shape == (8, 30, 3)
+        # chunks of 7 draws of 2 steps: 14, 14, then one of 2; the warmup draws every
+        # second step's
+        assert_same(run(adaptation, chunk_size=7, thinning=2), whole, thinned=True)
+    else:  # chunks of 8 of 33 and 8 of 45 steps, then the rest
+        assert_same(run(adaptation, chunk_size=7), whole)
 
 
 @pytest.mark.parametrize("adaptation", ONE_CALL)
@@ -199,60 +195,31 @@ def test_a_warmup_checkpoint_of_another_model_is_refused(monkeypatch, tmp_path):
                keep_warmup=True, mesh=cr.chain_mesh(2), checkpoint=tmp_path, **KW)  # fmt: skip
 
 
-SCRIPT = """
-import sys
-import blackjax, jax, jax.numpy as jnp, numpy as np
-import chainrunner as cr
-
-def logdensity(x):
-    return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0, 0.3])) ** 2)
-
-adaptation, mode, path, out = sys.argv[1:]
-factory = {"chees": blackjax.dynamic_hmc, "mclmc": blackjax.mclmc, "window_low_rank": blackjax.hmc,
-           "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}[adaptation]
-steps = {"num_integration_steps": 5} if adaptation == "window_low_rank" else {}
-kernel = cr.from_blackjax(factory, logdensity_fn=logdensity, adaptation=adaptation, **steps)
-start = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0
-keep = adaptation in ("chees", "window_low_rank")
-trace = cr.run(kernel, jax.random.key(1), start, 100, num_warmup=6000, keep_warmup=keep,
-               chunk_size=100, mesh=cr.chain_mesh(2), progress=False, warn=False,
-               checkpoint=path if mode == "checkpoint" else None)
-np.savez(out, draws=trace.draws, warmup=trace.warmup_draws if keep else np.zeros((8, 6000, 3)),
-         resumed=trace.attrs.get("warmup_resumed_from_step", -1),
-         **{str(i): np.asarray(v)
-            for i, v in enumerate(jax.tree.leaves(cr.adapted_parameters(trace)))})
-"""
-
-
-@pytest.mark.parametrize("adaptation", ["chees", "mclmc", "adjusted_mclmc", "window_low_rank"])
+@pytest.mark.parametrize("adaptation", list(warmup_run.FACTORY))
 def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(adaptation, tmp_path):
+    """Every adaptation: a run killed (``SIGKILL``) after its third warmup chunk on disk;
+    the same call again resumes mid-warmup from the checkpoint, and gives the draws, the
+    kept warmup draws and the adapted parameters of the uninterrupted run. (The killed
+    run is a process of its own; the resumed and the uninterrupted run this one.)"""
     import os
-    import subprocess
     import sys
 
-    script = tmp_path / "warmup_run.py"
-    script.write_text(SCRIPT)
     path = str(tmp_path / "ckpt")
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    in_loop = adaptation in warmup_run.IN_LOOP
+    manifest = os.path.join(path, "manifest.json" if in_loop else "warmup_manifest.json")
+    cmd = [sys.executable, warmup_run.__file__, adaptation, path]
+    kill_when_written(cmd, manifest, 3, {**os.environ, "TQDM_DISABLE": "1"})
+    if not in_loop:
+        assert not os.path.exists(os.path.join(path, "manifest.json"))  # killed in the warmup
 
-    def call(mode, out):
-        return subprocess.run([sys.executable, str(script), adaptation, mode, path, str(out)],
-                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-
-    cmd = [sys.executable, str(script), adaptation, "checkpoint", path, "never"]
-    kill_when_written(cmd, os.path.join(path, "warmup_manifest.json"), 3, env)
-    assert not os.path.exists(os.path.join(path, "manifest.json"))  # killed in the warmup
-
-    resumed = call("checkpoint", tmp_path / "resumed.npz")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    plain = call("plain", tmp_path / "plain.npz")
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    with np.load(tmp_path / "resumed.npz") as r, np.load(tmp_path / "plain.npz") as p:
-        assert r["warmup"].shape == (8, 6000, 3) and r["draws"].shape == (8, 100, 3)
-        assert set(r) == set(p)
-        for name in set(r) - {"resumed"}:  # draws, warmup draws, adapted parameters
-            np.testing.assert_array_equal(r[name], p[name])
-        assert 0 < int(r["resumed"]) < 6000  # it resumed mid-warmup
+    resumed = warmup_run.warmup_run(adaptation, path)
+    plain = warmup_run.warmup_run(adaptation)
+    done = resumed.attrs["resumed_from_step" if in_loop else "warmup_resumed_from_step"]
+    assert 0 < done < warmup_run.NUM_WARMUP  # it resumed mid-warmup
+    assert resumed.draws.shape == (8, 100, 3)
+    if warmup_run.keeps(adaptation):
+        assert resumed.warmup_draws.shape == (8, warmup_run.NUM_WARMUP, 3)
+    assert_same(resumed, plain)
 
 
 def test_the_default_warmup_chunk_divides_the_warmup():
