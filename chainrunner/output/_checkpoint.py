@@ -97,6 +97,30 @@ def _atomic_write(path: str, write) -> dict[str, int]:
     return record
 
 
+def manifest_text(version: int, config: dict, chunks: list[dict]) -> str:
+    """The manifest as JSON, one chunk a line. Written after every chunk: JSON's C
+    encoder (no ``indent``) for each part, where an indented dump, pure Python, took
+    9 ms at 140 chunks and grows with the run.
+
+    Examples:
+        >>> import json
+        >>> text = manifest_text(1, {"seed": [0, 1]}, [{"end": 5}, {"end": 10}])
+        >>> print(text)
+        {"version": 1,
+         "config": {"seed": [0, 1]},
+         "chunks": [
+          {"end": 5},
+          {"end": 10}
+         ]}
+        >>> json.loads(text)["chunks"][1]
+        {'end': 10}
+    """
+    lines = ",\n  ".join(json.dumps(chunk) for chunk in chunks)
+    body = f"\n  {lines}\n " if chunks else ""
+    return (f'{{"version": {json.dumps(version)},\n "config": {json.dumps(config)},\n'
+            f' "chunks": [{body}]}}')  # fmt: skip
+
+
 def fingerprint(program: str, params: Any) -> str:
     """A hash of the chunk program (its text's digest) and of the kernel's parameter values."""
     h = hashlib.sha256(program.encode())
@@ -279,11 +303,11 @@ class Checkpoint:
 
     # -- writing -------------------------------------------------------------------
     def _write_manifest(self) -> None:
-        manifest = {"version": VERSION, "config": self.config, "chunks": self.chunks}
+        text = manifest_text(VERSION, self.config, self.chunks)
 
         def write(tmp):
             with open(tmp, "w") as f:
-                json.dump(manifest, f, indent=1)
+                f.write(text)
 
         _atomic_write(self.manifest_path, write)
 
