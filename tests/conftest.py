@@ -107,8 +107,10 @@ DIVIDED = [
     "test_adaptations.py::test_the_mclmc_tuners_steps_are_blackjaxs_passes",
     # blackjax's one-call warmups in chunks (their cut: test_split.py, under both)
     "test_warmup_chunks.py::test_a_one_call_warmup_in_chunks",
-    # each warmup's Ctrl-C and resume, bitwise, runs under both (test_warmup_chunks)
+    # the eleven adaptations' kill and resume, and the in-loop three's bar and Ctrl-C: each
+    # under one (the chunked warmups' Ctrl-C and resume, bitwise, run under both)
     "test_warmup_chunks.py::test_sigkill_in_the_warmup_then_resume_equals_uninterrupted",
+    "test_warmup_chunks.py::test_an_in_loop_warmup_moves_the_bar_and_ctrl_c_keeps_it",
 ]
 DIVIDED_AMONG = ((3, 11), (3, 12))
 

@@ -1,8 +1,11 @@
-"""The cross-chain warmups (ChEES, MEADS, pooled Fisher), blackjax's MCLMC tuners and its
-one-call adaptations (window low rank, staged, pathfinder: ``_split``) run chunk by chunk
-(issue 58): the same draws and parameters as in one chunk, bit for bit; the bar moves
-after every chunk; Ctrl-C keeps the warmup done so far (states, parameters, kept
-draws)."""
+"""Every adaptation's warmup watched, interruptible and resumable (issue 58).
+
+The cross-chain warmups (ChEES, MEADS, pooled Fisher), blackjax's MCLMC tuners and its
+one-call adaptations (window low rank, staged, pathfinder: ``_split``) run chunk by chunk:
+the same draws and parameters in any chunks, bit for bit; the bar moves after every
+chunk; Ctrl-C keeps the warmup done so far (states, parameters, kept draws). Window and
+the Fisher adaptations warm up in the sampling loop's chunks, with the same promises.
+Every one of the eleven resumes bit for bit after a ``SIGKILL`` in its warmup."""
 
 import warnings
 
@@ -184,6 +187,32 @@ def watched_stopped_and_resumed(adaptation, monkeypatch, tmp_path):
     assert again.attrs["warmup_resumed_from_step"] == 30 and again.attrs["resumed_from_draw"] == 10
     assert_same(again, whole)
     return whole
+
+
+@pytest.mark.parametrize("adaptation", warmup_run.IN_LOOP)
+def test_an_in_loop_warmup_moves_the_bar_and_ctrl_c_keeps_it(adaptation, monkeypatch):
+    """Window and the Fisher adaptations warm up in the sampling loop's chunks: the bar
+    moves after each warmup chunk, and Ctrl-C in the warmup returns its draws so far,
+    the chains' states and the parameters adapted so far, one per chain. (Their resume
+    after a kill: ``test_sigkill_in_the_warmup_then_resume_equals_uninterrupted``.)"""
+    options = {"num_warmup": 30, "keep_warmup": True, "chunk_size": 10, "mesh": cr.chain_mesh(2),
+               "warn": False}  # fmt: skip
+    bars = []
+    monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
+    whole = cr.run(warmup_run.kernel(adaptation), jax.random.key(1), START, 10, **options)
+    assert [n for desc, n in bars[0].updates if desc == "warmup"] == [0, 10, 10]
+    assert [n for desc, n in bars[0].updates if desc == "sampling"] == [10, 10]
+
+    monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=2))
+    with pytest.warns(cr.ChainrunnerWarning, match="interrupted after 10 of 40 steps"):
+        part = cr.run(warmup_run.kernel(adaptation), jax.random.key(1), START, 10, **options)
+    assert part.attrs["interrupted"] is True and part.num_steps == 10
+    assert part.draws.shape == (8, 0, 3)
+    np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :10])
+    params = cr.adapted_parameters(part)
+    assert set(params) == set(cr.adapted_parameters(whole)) == {"step_size", "inverse_mass_matrix"}
+    assert params["step_size"].shape == (8,)
+    assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(params))
 
 
 def test_a_warmup_checkpoint_of_another_model_is_refused(monkeypatch, tmp_path):
