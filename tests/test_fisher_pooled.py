@@ -83,7 +83,7 @@ def test_pooled_samples_a_correlated_gaussian(name, devices):
 
 
 @pytest.mark.parametrize("name", ["fisher", "fisher_low_rank"])
-def test_same_draws_on_any_device_count(name):
+def test_same_draws_on_any_device_count_and_a_continued_run_keeps_the_parameters(name):
     # 5 chains in batches of 2: 3 batches on 1 device (1 padding row), 2 on each of 2
     # devices (3 padding rows, one batch of padding only).
     runs = [_run(name, devices=d, n=50, warmup=100, batch_size=2, keep_warmup=True)
@@ -94,15 +94,14 @@ def test_same_draws_on_any_device_count(name):
             np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(runs[0].warmup_draws, other.warmup_draws)
         np.testing.assert_array_equal(runs[0].draws, other.draws)
-
-
-def test_a_continued_run_keeps_the_adapted_parameters():
-    first = _run(n=50, warmup=100)
-    more = cr.run(_kernel(), jax.random.key(1), first, 50, progress=False, warn=False)
+    # a continued run samples on with the adapted parameters
+    more = cr.run(_kernel(name), jax.random.key(1), runs[0], 50, progress=False, warn=False)
     assert more.draws.shape == (5, 50, 4)
-    for a, b in zip(jax.tree.leaves(first.kernel_params), jax.tree.leaves(more.kernel_params),
+    for a, b in zip(jax.tree.leaves(runs[0].kernel_params), jax.tree.leaves(more.kernel_params),
                     strict=True):  # fmt: skip
         np.testing.assert_array_equal(a, b)
+    jax.tree.map(np.testing.assert_array_equal, cr.adapted_parameters(more),
+                 cr.adapted_parameters(runs[0]))  # fmt: skip
 
 
 def student_t(x):  # heavier tails than a Gaussian: the Fisher estimate is not exact
