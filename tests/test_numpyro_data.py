@@ -57,7 +57,7 @@ def test_model_with_numpy_on_its_data_runs_with_data_closed_over():
         mcses = [ref[k]["mcse_mean"] for k in labels]
         _within_mcse(trace.draws[site], means, mcses, site)
     mcmc = MCMC(NUTS(ar_k), num_warmup=500, num_samples=500, num_chains=4,
-                chain_method="sequential", progress_bar=False)  # fmt: skip
+                chain_method="parallel", progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(0), data["K"], y)  # numpyro's own run of the same model
 
     for site, theirs in mcmc.get_samples(group_by_chain=True).items():
@@ -108,7 +108,7 @@ def test_hmcecs_with_a_taylor_proxy_matches_numpyros_mcmc():
                    num_warmup=300, num_chains=4, mesh=cr.chain_mesh(2), progress=False,
                    warn=False)  # fmt: skip
     mcmc = MCMC(kernel(), num_warmup=300, num_samples=400, num_chains=4,
-                chain_method="sequential", progress_bar=False)  # fmt: skip
+                chain_method="parallel", progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(1), *args)
     theirs = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"], np.float64)
 
@@ -146,7 +146,7 @@ def test_discrete_kernels_match_numpyros_mcmc(make):
                    num_warmup=500, num_chains=4, mesh=cr.chain_mesh(2), progress=False,
                    warn=False)  # fmt: skip
     mcmc = MCMC(make(), num_warmup=500, num_samples=1000, num_chains=4,
-                chain_method="sequential", progress_bar=False)  # fmt: skip
+                chain_method="parallel", progress_bar=False)  # fmt: skip
     mcmc.run(jax.random.PRNGKey(3), y)
 
     for site in ("mu", "z"):
