@@ -98,9 +98,9 @@ def _atomic_write(path: str, write) -> dict[str, int]:
 
 
 def manifest_text(version: int, config: dict, chunks: list[dict]) -> str:
-    """The manifest as JSON, one chunk a line. Written after every chunk: JSON's C
-    encoder (no ``indent``) for each part, where an indented dump, pure Python, took
-    9 ms at 140 chunks and grows with the run.
+    """The manifest as JSON, one chunk a line. Written after every chunk, and it grows
+    with the run: JSON's C encoder (no ``indent``) for each part. An indented dump is
+    pure Python and took about 4 times as long (53 ms a write at 4,000 chunks).
 
     Examples:
         >>> import json
