@@ -100,26 +100,21 @@ def test_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
         cr.run(NUTS, jax.random.key(0), X0, 16, checkpoint=tmp_path / "other", **KW)
 
 
+# The run a test kills, in a process of its own (4 devices): this module's ``ar1_run``.
 SCRIPT = textwrap.dedent(
     """
     import sys
     import jax
     jax.config.update("jax_num_cpu_devices", 4)
-    import jax.numpy as jnp
-    import chainrunner as cr
-
-    def step(rng_key, x):  # AR(1), stationary N(0, 1)
-        return 0.9 * x + jnp.sqrt(0.19) * jax.random.normal(rng_key, x.shape), {}
-
-    kernel = cr.Kernel(init=lambda position, rng_key: position, step=step)
-    cr.run(kernel, jax.random.key(3), jnp.zeros((6, 4)), 600, num_warmup=100, chunk_size=5,
-           mesh=cr.chain_mesh(4), progress=False, warn=False, checkpoint=sys.argv[1])
+    sys.path.insert(0, sys.argv[2])
+    from test_long_runs import ar1_run
+    ar1_run(sys.argv[1])
     """
 )
 
 
 def ar1_run(checkpoint=None):
-    """The script's run, in this process."""
+    """An AR(1) chain (stationary N(0, 1)) on 4 devices in chunks of 5 draws."""
 
     def step(rng_key, x):
         return 0.9 * x + jnp.sqrt(0.19) * jax.random.normal(rng_key, x.shape), {}
@@ -137,7 +132,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     script = tmp_path / "long_run.py"
     script.write_text(SCRIPT)
     path = str(tmp_path / "ckpt")
-    cmd = [sys.executable, str(script), path]
+    cmd = [sys.executable, str(script), path, os.path.dirname(__file__)]
     kill_when_written(
         cmd, os.path.join(path, "manifest.json"), 5, {**os.environ, "TQDM_DISABLE": "1"}
     )

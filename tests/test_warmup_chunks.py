@@ -16,36 +16,14 @@ import numpy as np
 import pytest
 import warmup_run
 from interrupting import InterruptingBar, Recorder, kill_when_written
+from warmup_run import START, keeps, kernel, logdensity
 
 import chainrunner as cr
 from chainrunner.pipeline import _run
 
-SD = jnp.array([1.0, 3.0, 0.3])
-START = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0  # dispersed (MEADS: 2 folds)
 KW = {"progress": False, "warn": False}
 # blackjax's adaptations that are one call, cut around their scan (``_split``)
 ONE_CALL = ("window_low_rank", "staged", "pathfinder")
-
-
-def logdensity(x):
-    return -0.5 * jnp.sum((x / SD) ** 2)
-
-
-def kernel(adaptation):
-    if adaptation == "pooled":
-        return cr.from_blackjax(blackjax.nuts, logdensity_fn=logdensity, adaptation="fisher",
-                                pooled=True)  # fmt: skip
-    if adaptation in ONE_CALL:  # HMC of 5 steps: NUTS compiles longer, to the same end
-        return cr.from_blackjax(blackjax.hmc, logdensity_fn=logdensity, adaptation=adaptation,
-                                num_integration_steps=5)  # fmt: skip
-    factory = {"chees": blackjax.dynamic_hmc, "meads": blackjax.ghmc, "mclmc": blackjax.mclmc,
-               "adjusted_mclmc": blackjax.adjusted_mclmc_dynamic}  # fmt: skip
-    return cr.from_blackjax(factory[adaptation], logdensity_fn=logdensity, adaptation=adaptation)
-
-
-def keeps(adaptation):
-    """Whether the warmup can keep its draws (blackjax's MCLMC tuners return none)."""
-    return "mclmc" not in adaptation
 
 
 def run(adaptation, **kw):
@@ -199,13 +177,13 @@ def test_an_in_loop_warmup_moves_the_bar_and_ctrl_c_keeps_it(adaptation, monkeyp
                "warn": False}  # fmt: skip
     bars = []
     monkeypatch.setattr(_run, "progress_bar", lambda *a: bars.append(Recorder(*a)) or bars[-1])
-    whole = cr.run(warmup_run.kernel(adaptation), jax.random.key(1), START, 10, **options)
+    whole = cr.run(kernel(adaptation), jax.random.key(1), START, 10, **options)
     assert [n for desc, n in bars[0].updates if desc == "warmup"] == [0, 10, 10]
     assert [n for desc, n in bars[0].updates if desc == "sampling"] == [10, 10]
 
     monkeypatch.setattr(_run, "progress_bar", lambda *a, **k: InterruptingBar(at=2))
     with pytest.warns(cr.ChainrunnerWarning, match="interrupted after 10 of 40 steps"):
-        part = cr.run(warmup_run.kernel(adaptation), jax.random.key(1), START, 10, **options)
+        part = cr.run(kernel(adaptation), jax.random.key(1), START, 10, **options)
     assert part.attrs["interrupted"] is True and part.num_steps == 10
     assert part.draws.shape == (8, 0, 3)
     np.testing.assert_array_equal(part.warmup_draws, whole.warmup_draws[:, :10])
@@ -246,7 +224,7 @@ def test_sigkill_in_the_warmup_then_resume_equals_uninterrupted(adaptation, tmp_
     done = resumed.attrs["resumed_from_step" if in_loop else "warmup_resumed_from_step"]
     assert 0 < done < warmup_run.NUM_WARMUP  # it resumed mid-warmup
     assert resumed.draws.shape == (8, 100, 3)
-    if warmup_run.keeps(adaptation):
+    if keeps(adaptation):
         assert resumed.warmup_draws.shape == (8, warmup_run.NUM_WARMUP, 3)
     assert_same(resumed, plain)
 

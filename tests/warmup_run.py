@@ -1,5 +1,6 @@
-"""A run killed in its warmup (tests/test_warmup_chunks.py): each adaptation's kernel,
-and its run with a checkpoint; run as a script, the run a test kills. Not a test module
+"""A run killed in its warmup (tests/test_warmup_chunks.py): each adaptation's kernel
+(the test module's too), and its run with a checkpoint; run as a script, the run a test
+kills. Not a test module
 (conftest's ``collect_ignore``)."""
 
 import sys
@@ -22,8 +23,12 @@ FACTORY = {
 IN_LOOP = ("window", "fisher", "fisher_low_rank")
 
 
+SD = jnp.array([1.0, 3.0, 0.3])
+START = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0  # dispersed (MEADS: 2 folds)
+
+
 def logdensity(x):
-    return -0.5 * jnp.sum((x / jnp.array([1.0, 3.0, 0.3])) ** 2)
+    return -0.5 * jnp.sum((x / SD) ** 2)
 
 
 def kernel(adaptation):
@@ -41,8 +46,7 @@ def keeps(adaptation):
 
 
 def warmup_run(adaptation, checkpoint=None):
-    start = jax.random.normal(jax.random.key(3), (8, 3)) * 2.0
-    return cr.run(kernel(adaptation), jax.random.key(1), start, 100, num_warmup=NUM_WARMUP,
+    return cr.run(kernel(adaptation), jax.random.key(1), START, 100, num_warmup=NUM_WARMUP,
                   keep_warmup=keeps(adaptation), chunk_size=50, mesh=cr.chain_mesh(2),
                   progress=False, warn=False, checkpoint=checkpoint)  # fmt: skip
 
